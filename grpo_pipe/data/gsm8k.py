@@ -1,0 +1,116 @@
+"""GSM8K from local jsonl files (offline) or the public hub dataset (online).
+
+Rows are `{"question": ..., "answer": "...reasoning... #### 72"}`. A row that cannot be parsed or has
+no numeric final answer is skipped, counted and named (file and line), never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from grpo_pipe.rewards.answers import parse_number
+from grpo_pipe.types import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SkippedRows:
+    """Rows left out of a dataset, with why: reported as a metric and in the log."""
+
+    reasons: list[str] = field(default_factory=list)
+
+    def add(self, where: str, why: str) -> None:
+        self.reasons.append(f"{where}: {why}")
+        log.warning("Skipping data row %s: %s", where, why)
+
+    def __len__(self) -> int:
+        return len(self.reasons)
+
+
+def gold_final_answer(solution: str) -> str | None:
+    """The number after GSM8K's `####` marker, commas removed; None if absent or not a number."""
+    if "####" not in solution:
+        return None
+    final = solution.rsplit("####", 1)[1].strip().replace(",", "")
+    return final if final and parse_number(final) is not None else None
+
+
+def parse_rows(lines: Sequence[str], source: str, skipped: SkippedRows, max_question_chars: int) -> list[Task]:
+    tasks: list[Task] = []
+    for line_no, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{source}:{line_no}"
+        try:
+            row = json.loads(line)
+            question, solution = row["question"], row["answer"]
+        except (json.JSONDecodeError, KeyError, TypeError) as err:
+            skipped.add(where, f"unparsable row ({type(err).__name__}: {err})")
+            continue
+        if not isinstance(question, str) or not question.strip():
+            skipped.add(where, "empty question")
+            continue
+        if len(question) > max_question_chars:
+            skipped.add(where, f"question has {len(question)} chars > data.max_question_chars={max_question_chars}")
+            continue
+        answer = gold_final_answer(str(solution))
+        if answer is None:
+            skipped.add(where, "no numeric final answer after '####'")
+            continue
+        tasks.append(Task(uid=f"{source}:{line_no}", question=question.strip(), answer=answer))
+    return tasks
+
+
+class Gsm8kTasks:
+    """GSM8K train (for training) and test (for evaluation) splits."""
+
+    def __init__(
+        self,
+        path: str | None = None,
+        hub_id: str = "openai/gsm8k",
+        train_file: str = "train.jsonl",
+        eval_file: str = "test.jsonl",
+        max_train: int | None = None,
+        max_eval: int | None = 200,
+        max_question_chars: int = 4000,
+        system_prompt: str = "",
+    ) -> None:
+        self.path = path
+        self.hub_id = hub_id
+        self.train_file = train_file
+        self.eval_file = eval_file
+        self.max_train = max_train
+        self.max_eval = max_eval
+        self.max_question_chars = max_question_chars
+        self.system_prompt = system_prompt
+        self.skipped = SkippedRows()
+        self._cache: dict[str, list[Task]] = {}
+
+    def train_tasks(self) -> list[Task]:
+        return self._load(self.train_file, "train", self.max_train)
+
+    def eval_tasks(self) -> list[Task]:
+        return self._load(self.eval_file, "test", self.max_eval)
+
+    def _load(self, file_name: str, hub_split: str, limit: int | None) -> list[Task]:
+        if file_name not in self._cache:
+            lines = self._read_lines(file_name, hub_split)
+            self._cache[file_name] = parse_rows(lines, f"gsm8k/{file_name}", self.skipped, self.max_question_chars)
+        tasks = self._cache[file_name]
+        return tasks[:limit] if limit is not None else tasks
+
+    def _read_lines(self, file_name: str, hub_split: str) -> list[str]:
+        if self.path is not None:
+            local = Path(self.path).expanduser() / file_name
+            if not local.exists():
+                raise FileNotFoundError(f"data.path={self.path!r}: {local} does not exist")
+            return local.read_text(encoding="utf-8", errors="replace").splitlines()
+        from datasets import load_dataset  # only for online users without a local copy
+
+        rows = load_dataset(self.hub_id, "main", split=hub_split)
+        return [json.dumps({"question": r["question"], "answer": r["answer"]}) for r in rows]

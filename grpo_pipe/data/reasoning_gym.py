@@ -1,0 +1,57 @@
+"""Procedural tasks from the `reasoning-gym` library, generated offline from a seed.
+
+Train and eval use different seeds; any eval question that also occurs in train is dropped, so the
+two splits never overlap. Answers are scored by our own reward, not by reasoning-gym's scorer, so
+every data source is judged the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from grpo_pipe.types import Task
+
+
+class ReasoningGymTasks:
+    """One reasoning-gym task family (e.g. `basic_arithmetic`) with its difficulty settings."""
+
+    def __init__(
+        self,
+        task: str = "basic_arithmetic",
+        train_size: int = 2000,
+        eval_size: int = 100,
+        seed: int = 0,
+        difficulty: Mapping[str, Any] | None = None,
+        system_prompt: str = "",
+    ) -> None:
+        self.task = task
+        self.train_size = train_size
+        self.eval_size = eval_size
+        self.seed = seed
+        self.difficulty = dict(difficulty or {})
+        self.system_prompt = system_prompt
+        self._train: list[Task] | None = None
+        self._eval: list[Task] | None = None
+
+    def _generate(self, size: int, seed: int, split: str) -> list[Task]:
+        import reasoning_gym
+
+        dataset = reasoning_gym.create_dataset(self.task, size=size, seed=seed, **self.difficulty)
+        return [
+            Task(uid=f"{self.task}/{split}/{seed}/{i}", question=item["question"], answer=str(item["answer"]))
+            for i, item in enumerate(dataset)
+        ]
+
+    def train_tasks(self) -> list[Task]:
+        if self._train is None:
+            self._train = self._generate(self.train_size, self.seed, "train")
+        return self._train
+
+    def eval_tasks(self) -> list[Task]:
+        if self._eval is None:
+            seen = {t.question for t in self.train_tasks()}
+            # A distinct seed stream for eval; oversample so dropping overlaps still leaves eval_size.
+            candidates = self._generate(self.eval_size * 2, self.seed + 1_000_003, "eval")
+            self._eval = [t for t in candidates if t.question not in seen][: self.eval_size]
+        return self._eval

@@ -1,0 +1,27 @@
+"""Every environment variable grpo_pipe reads or sets, in one place."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """Where built models live: $GRPO_PIPE_CACHE, else ~/.cache/grpo_pipe."""
+    return Path(os.environ.get("GRPO_PIPE_CACHE", Path.home() / ".cache" / "grpo_pipe")).expanduser()
+
+
+def hub_offline() -> bool:
+    """True when the user told Hugging Face libraries not to use the network."""
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False")
+
+
+def prepare_vllm_process_env(in_process: bool) -> None:
+    """Settings vLLM reads at import/engine-build time; must run before `import vllm`.
+
+    In-process mode (no engine subprocess) starts in ~3 s instead of ~20 s on CPU and lets the
+    reload bridge hand tensors to the engine without serialising them.
+    """
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

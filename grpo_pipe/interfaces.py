@@ -1,0 +1,134 @@
+"""The Protocols the pipeline runner talks to. Nothing else lives here.
+
+Each config group option builds one object that satisfies one of these. Construction is cheap and
+safe on any machine; heavy work (loading models, starting engines) happens in `connect`/`setup`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from grpo_pipe.types import Completion, RewardOutput, RolloutGroup, SamplingSettings, SyncStats, Task
+
+
+@runtime_checkable
+class ModelSource(Protocol):
+    """Where the policy's starting weights come from."""
+
+    def materialize(self) -> Path:
+        """Return a local Hugging Face model folder (config, tokenizer, safetensors), building it if needed."""
+        ...
+
+
+@runtime_checkable
+class TaskSource(Protocol):
+    """A dataset of tasks with a train/eval split that never overlap."""
+
+    system_prompt: str
+
+    def train_tasks(self) -> Sequence[Task]: ...
+
+    def eval_tasks(self) -> Sequence[Task]: ...
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Generates completions from token ids. It knows nothing about rewards or training."""
+
+    served_version: int  # policy version of the weights the engine generates with
+
+    def connect(self, model_path: Path) -> None: ...
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
+    ) -> list[list[Completion]]:
+        """For prompt i return `samples[i]` completions, tagged with `served_version`."""
+        ...
+
+    def sleep(self, level: int) -> None: ...
+
+    def wake_up(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """The trainable model as the bridges see it."""
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full-model weights under Hugging Face checkpoint names (LoRA merged where relevant)."""
+        ...
+
+    def save_pretrained(self, path: Path) -> None: ...
+
+
+@runtime_checkable
+class WeightBridge(Protocol):
+    """Moves trained weights into the live engine."""
+
+    sync_every: int
+
+    def connect(self, engine: RolloutEngine, policy: Policy) -> None: ...
+
+    def push(self, policy: Policy, version: int) -> SyncStats: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Reward(Protocol):
+    """Scores completions. Rewards compose: a composite reward holds others."""
+
+    def __call__(self, groups: Sequence[RolloutGroup]) -> RewardOutput:
+        """Return one value per completion, in group order then completion order."""
+        ...
+
+
+@runtime_checkable
+class Curriculum(Protocol):
+    """Chooses which tasks to roll out next and how many samples each gets."""
+
+    def next_batch(self) -> list[tuple[Task, int]]: ...
+
+    def update(self, uids: Sequence[str], rewards: Sequence[float]) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class Placement(Protocol):
+    """Where the engine and the trainer live and how they hand the device to each other."""
+
+    def trainer_device(self) -> torch.device: ...
+
+    def before_rollout(self, engine: RolloutEngine) -> None: ...
+
+    def before_train(self, engine: RolloutEngine) -> None: ...
+
+
+@runtime_checkable
+class Tracker(Protocol):
+    """Experiment tracking: params, metrics, artifacts."""
+
+    def start(self, run_name: str, tags: Mapping[str, str]) -> None: ...
+
+    def log_params(self, params: Mapping[str, Any]) -> None: ...
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
+
+    def log_table(self, rows: Sequence[Mapping[str, Any]], artifact_file: str) -> None: ...
+
+    def describe(self) -> str:
+        """A line telling a person where the run is and how to look at it."""
+        ...
+
+    def close(self, status: str = "FINISHED") -> None: ...

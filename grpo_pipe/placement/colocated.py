@@ -1,0 +1,42 @@
+"""Engine and trainer on the same device(s), taking turns.
+
+With `sleep_level > 0` the engine frees its memory while the trainer runs (vLLM sleep mode:
+level 1 offloads weights and drops the KV cache, level 2 drops both) and is woken before the next
+rollout. Weights are synced while the engine is awake.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grpo_pipe.interfaces import RolloutEngine
+
+
+class ColocatedPlacement:
+    def __init__(self, sleep_level: int = 0) -> None:
+        if sleep_level not in (0, 1, 2):
+            raise ValueError(f"placement.sleep_level={sleep_level}; allowed: 0, 1, 2")
+        self.sleep_level = sleep_level
+        self._asleep = False
+
+    def trainer_device(self) -> torch.device:
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+    def engine_needs_sleep_mode(self) -> bool:
+        return self.sleep_level > 0
+
+    def before_rollout(self, engine: RolloutEngine) -> None:
+        self._wake(engine)
+
+    def before_train(self, engine: RolloutEngine) -> None:
+        if self.sleep_level > 0 and not self._asleep:
+            engine.sleep(self.sleep_level)
+            self._asleep = True
+
+    def before_sync(self, engine: RolloutEngine) -> None:
+        self._wake(engine)
+
+    def _wake(self, engine: RolloutEngine) -> None:
+        if self._asleep:
+            engine.wake_up()
+            self._asleep = False

@@ -1,0 +1,57 @@
+"""What a person watches: a live bar (step, reward, accuracy, tokens/s, ETA) and one log line per step."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from types import TracebackType
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+log = logging.getLogger("grpo_pipe.progress")
+
+
+def summary_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
+    return (
+        f"step {step}/{total} | reward {metrics.get('train/reward/mean', float('nan')):.3f}"
+        f" | acc {metrics.get('train/accuracy', float('nan')):.2f}"
+        f" | loss {metrics.get('train/loss', float('nan')):+.4f}"
+        f" | gen {metrics.get('rollout/tokens_per_s', 0.0):.0f} tok/s"
+        f" | step {metrics.get('time/step_s', 0.0):.1f}s"
+        f" | sync {metrics.get('sync/total_s', 0.0) * 1000:.0f}ms v{int(metrics.get('policy/version', 0))}"
+    )
+
+
+class StepProgress:
+    """Context manager around the training loop."""
+
+    def __init__(self, total_steps: int, first_step: int = 0) -> None:
+        self.total = total_steps
+        self._progress = Progress(
+            TextColumn("[bold]GRPO"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[stats]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+        )
+        self._task = self._progress.add_task("train", total=total_steps, completed=first_step, stats="")
+
+    def __enter__(self) -> StepProgress:
+        self._progress.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self._progress.stop()
+
+    def update(self, step: int, metrics: Mapping[str, float]) -> None:
+        stats = (
+            f"reward {metrics.get('train/reward/mean', float('nan')):.3f} "
+            f"acc {metrics.get('train/accuracy', float('nan')):.2f} "
+            f"{metrics.get('rollout/tokens_per_s', 0.0):.0f} tok/s"
+        )
+        self._progress.update(self._task, completed=step, stats=stats)
+        log.info(summary_line(step, self.total, metrics))

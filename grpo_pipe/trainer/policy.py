@@ -1,0 +1,131 @@
+"""Trainable policies: a full fine-tune, or a peft LoRA adapter on a frozen base.
+
+Both expose the same surface to the trainer (`module`, `trainable_parameters`) and to the weight
+bridges (`named_weights`: full-model weights under Hugging Face checkpoint names).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+
+def _load_causal_lm(model_path: Path, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    return model.to(device)
+
+
+def _hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """state_dict entries under checkpoint names; a tied lm_head is included only as the embedding."""
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    for name, tensor in model.state_dict().items():
+        if tied and name == "lm_head.weight":
+            continue
+        yield name, tensor.detach()
+
+
+class FullFinetunePolicy:
+    """Every weight of the causal LM is trained."""
+
+    def __init__(self, gradient_checkpointing: bool = False) -> None:
+        self.gradient_checkpointing = gradient_checkpointing
+        self.module: torch.nn.Module | None = None
+
+    def load(self, model_path: Path, device: torch.device, dtype: torch.dtype) -> None:
+        self.module = _load_causal_lm(model_path, device, dtype)
+        if self.gradient_checkpointing:
+            self.module.gradient_checkpointing_enable()
+        self.module.train()
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self._module().parameters() if p.requires_grad]
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return _hf_weights(self._module())
+
+    def save_pretrained(self, path: Path) -> None:
+        self._module().save_pretrained(path, safe_serialization=True)
+
+    def _module(self) -> torch.nn.Module:
+        if self.module is None:
+            raise RuntimeError("policy used before load()")
+        return self.module
+
+
+class LoraPolicy:
+    """A peft LoRA adapter trained on a frozen base model."""
+
+    def __init__(
+        self,
+        rank: int = 16,
+        alpha: float = 32.0,
+        dropout: float = 0.0,
+        target_modules: Sequence[str] = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        gradient_checkpointing: bool = False,
+    ) -> None:
+        self.rank = rank
+        self.alpha = alpha
+        self.dropout = dropout
+        self.target_modules = list(target_modules)
+        self.gradient_checkpointing = gradient_checkpointing
+        self.module: torch.nn.Module | None = None
+
+    def load(self, model_path: Path, device: torch.device, dtype: torch.dtype) -> None:
+        from peft import LoraConfig, get_peft_model
+
+        base = _load_causal_lm(model_path, device, dtype)
+        if self.gradient_checkpointing:
+            base.gradient_checkpointing_enable()
+            base.enable_input_require_grads()
+        config = LoraConfig(
+            r=self.rank,
+            lora_alpha=self.alpha,
+            lora_dropout=self.dropout,
+            target_modules=self.target_modules,
+            task_type="CAUSAL_LM",
+        )
+        self.module = get_peft_model(base, config)
+        self.module.train()
+
+    def trainable_parameters(self) -> list[torch.nn.Parameter]:
+        return [p for p in self._module().parameters() if p.requires_grad]
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Base weights with the adapter merged in, for bridges that load full weights.
+
+        Merging is done in place and undone before returning, so the copies are taken while merged.
+        """
+        module = self._module()
+        module.merge_adapter()
+        try:
+            merged = [
+                (k.replace(".base_layer", ""), v.clone())
+                for k, v in _hf_weights(module.get_base_model())
+                if "lora_" not in k
+            ]
+        finally:
+            module.unmerge_adapter()
+        return iter(merged)
+
+    def save_adapter(self, path: Path) -> None:
+        self._module().save_pretrained(path, safe_serialization=True)
+
+    def save_pretrained(self, path: Path) -> None:
+        """A full merged checkpoint (what a fresh engine would load)."""
+        module = self._module()
+        module.merge_adapter()
+        try:
+            base = module.get_base_model()
+            state = {k.replace(".base_layer", ""): v for k, v in base.state_dict().items() if "lora_" not in k}
+            base.save_pretrained(path, state_dict=state, safe_serialization=True)
+        finally:
+            module.unmerge_adapter()
+
+    def _module(self) -> torch.nn.Module:
+        if self.module is None:
+            raise RuntimeError("policy used before load()")
+        return self.module

@@ -1,0 +1,96 @@
+"""Small value types passed between components. Shapes are noted where a field holds a sequence."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Task:
+    """One prompt source item: a question and the reference answer used to score it."""
+
+    uid: str  # stable id across epochs and resumes, e.g. "gsm8k/train/17"
+    question: str
+    answer: str  # reference final answer, already extracted (e.g. "72")
+
+
+@dataclass(frozen=True)
+class RequestTelemetry:
+    """Per-request numbers reported by the engine itself (never estimated by us)."""
+
+    prompt_tokens: int
+    generated_tokens: int
+    cached_prompt_tokens: int  # prefix-cache hits for this request's prompt
+    queued_s: float | None = None  # engine timestamps; None when the engine does not report them
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    spec_acceptance_rate: float | None = None  # None without speculative decoding
+
+    @property
+    def latency_s(self) -> float | None:
+        """Queued -> last token, from the request's own timestamps."""
+        if self.queued_s is None or self.last_token_s is None:
+            return None
+        return self.last_token_s - self.queued_s
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled answer to a prompt."""
+
+    token_ids: tuple[int, ...]  # [T] generated tokens, EOS included when it was sampled
+    logprobs: tuple[float, ...]  # [T] log-probability of each token under the sampling policy
+    text: str
+    finish_reason: str  # "stop" | "length" | "abort"
+    policy_version: int  # version of the weights that generated it
+    telemetry: RequestTelemetry
+
+
+@dataclass(frozen=True)
+class RolloutGroup:
+    """All completions sampled for one task: the unit GRPO normalises advantages over."""
+
+    task: Task
+    prompt_token_ids: tuple[int, ...]  # [P]
+    completions: tuple[Completion, ...]  # [G]
+
+
+@dataclass(frozen=True)
+class RewardOutput:
+    """Per-completion rewards and the named terms they were built from (logged separately)."""
+
+    values: list[float]  # [N] total reward per completion
+    terms: dict[str, list[float]] = field(default_factory=dict)  # name -> [N]
+    correct: list[bool] | None = None  # [N] when the reward knows about correctness
+
+
+@dataclass(frozen=True)
+class SyncStats:
+    """What one weight synchronisation cost, broken down by phase."""
+
+    gather_s: float  # collect / convert trainer weights
+    transport_s: float  # move bytes to the engine (0 for in-process)
+    load_s: float  # engine-side load
+    pause_s: float  # time generation was unavailable
+    bytes_moved: int
+    policy_version: int  # version the engine serves afterwards
+
+    def as_metrics(self) -> dict[str, float]:
+        return {
+            "sync/gather_s": self.gather_s,
+            "sync/transport_s": self.transport_s,
+            "sync/load_s": self.load_s,
+            "sync/pause_s": self.pause_s,
+            "sync/total_s": self.gather_s + self.transport_s + self.load_s,
+            "sync/bytes": float(self.bytes_moved),
+            "sync/policy_version": float(self.policy_version),
+        }
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """How completions are sampled for training."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 128
