@@ -35,7 +35,8 @@ class InProcessReloadBridge:
         if self.engine is None:
             raise RuntimeError("bridge used before connect()")
         started = time.perf_counter()
-        weights = list(policy.named_weights())
+        dtype = self.engine.weight_dtype  # convert once here, not per tensor inside the engine
+        weights = [(name, tensor.to(dtype)) for name, tensor in policy.named_weights()]
         gathered = time.perf_counter()
         self.engine.reload_weights(weights)
         loaded = time.perf_counter()

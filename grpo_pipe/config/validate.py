@@ -31,6 +31,9 @@ class ConfigError(ValueError):
 def validate_config(cfg: DictConfig, groups: Sequence[str]) -> None:
     """Check every group node of `cfg` (and nested component nodes). Raises ConfigError."""
     problems: list[str] = []
+    for key in cfg:
+        if key not in groups and key != "hydra":
+            problems.append(f"{key}: unknown top-level key; allowed: {', '.join(sorted(groups))}")
     for group in groups:
         node = cfg.get(group)
         if not isinstance(node, DictConfig) or "_target_" not in node:

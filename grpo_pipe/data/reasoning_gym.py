@@ -7,10 +7,13 @@ every data source is judged the same way.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from grpo_pipe.types import Task
+
+log = logging.getLogger(__name__)
 
 
 class ReasoningGymTasks:
@@ -52,6 +55,13 @@ class ReasoningGymTasks:
         if self._eval is None:
             seen = {t.question for t in self.train_tasks()}
             # A distinct seed stream for eval; oversample so dropping overlaps still leaves eval_size.
-            candidates = self._generate(self.eval_size * 2, self.seed + 1_000_003, "eval")
-            self._eval = [t for t in candidates if t.question not in seen][: self.eval_size]
+            candidates = self._generate(self.eval_size * 4, self.seed + 1_000_003, "eval")
+            unseen = {t.question: t for t in candidates if t.question not in seen}  # also de-duplicates
+            self._eval = list(unseen.values())[: self.eval_size]
+            if len(self._eval) < self.eval_size:
+                log.warning(
+                    "data.eval_size=%d but only %d %s questions are not in the train split; "
+                    "lower data.train_size or raise the difficulty for a larger held-out set",
+                    self.eval_size, len(self._eval), self.task,
+                )
         return self._eval

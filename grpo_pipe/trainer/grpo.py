@@ -179,8 +179,7 @@ class GRPOTrainer:
             self.scheduler.step()
             return False, grad_norm
         self.bad_steps_in_a_row = 0
-        if has_grad:
-            self.optimizer.step()
+        self.optimizer.step()  # a no-op for parameters without gradients
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.version += 1

@@ -1,0 +1,56 @@
+"""Shared fixtures: the real config composed from conf/, shrunk to the tiny model and a temp MLflow store."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
+
+REPO = Path(__file__).resolve().parents[1]
+CONF = REPO / "conf"
+GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
+
+# Fast and deterministic: the tiny model everywhere, fp32 so engine and trainer agree exactly.
+TINY = [
+    "model=tiny_random",
+    "rollout.dtype=float32",
+    "rollout.kv_cache_gib=0.25",
+    "rollout.max_model_len=512",
+    "trainer.steps=2",
+    "trainer.lr=1e-3",
+    "curriculum.prompts_per_step=4",
+    "curriculum.samples_per_prompt=4",
+    "run.max_new_tokens=16",
+    "run.eval_size=8",
+    "run.eval_max_new_tokens=16",
+    "data.train_size=64",
+    "data.eval_size=16",
+]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Models built by tests go to a per-session cache unless the caller set GRPO_PIPE_CACHE."""
+    if "GRPO_PIPE_CACHE" not in os.environ:
+        os.environ["GRPO_PIPE_CACHE"] = str(tmp_path_factory.mktemp("model-cache"))
+    return Path(os.environ["GRPO_PIPE_CACHE"])
+
+
+@pytest.fixture
+def compose_cfg(tmp_path: Path) -> Callable[..., DictConfig]:
+    """Compose the real config with the tiny-model overrides plus `overrides`; MLflow under tmp_path."""
+
+    def _compose(overrides: Sequence[str] = (), tiny: bool = True) -> DictConfig:
+        store = [f"logger.tracking_uri=sqlite:///{tmp_path}/mlflow.db", f"logger.artifact_location={tmp_path}/artifacts"]
+        base = (list(TINY) if tiny else []) + store
+        # Picking another option of a group drops the tiny settings tuned for the default option.
+        chosen = {o.split("=", 1)[0] for o in overrides if "=" in o and "." not in o.split("=", 1)[0]}
+        base = [o for o in base if o.split(".", 1)[0] not in chosen or o.startswith("model=")]
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            return compose("config", overrides=[*base, *overrides])
+
+    return _compose

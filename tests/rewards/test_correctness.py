@@ -1,0 +1,16 @@
+from grpo_pipe.rewards.correctness import CorrectnessReward
+from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, Task
+
+
+def _group(answer: str, texts: list[str]) -> RolloutGroup:
+    telemetry = RequestTelemetry(prompt_tokens=3, generated_tokens=2, cached_prompt_tokens=0)
+    completions = tuple(Completion((1, 2), (-0.1, -0.2), t, "stop", 0, telemetry) for t in texts)
+    return RolloutGroup(Task("t", "q", answer), (5, 6, 7), completions)
+
+
+def test_values_come_from_config_and_order_follows_groups() -> None:
+    reward = CorrectnessReward(correct=1.0, wrong=-0.2, unparsable=-0.5)
+    out = reward([_group("4", ["#### 4", "#### 5"]), _group("10", ["no idea", "it is 10"])])
+    assert out.values == [1.0, -0.2, -0.5, 1.0]
+    assert out.correct == [True, False, False, True]
+    assert out.terms["parsable"] == [1.0, 1.0, 0.0, 1.0]

@@ -1,0 +1,30 @@
+"""Every option of every config group composes, validates and instantiates (cheaply, nothing loads)."""
+
+from pathlib import Path
+
+import pytest
+from hydra.utils import instantiate
+
+from grpo_pipe.config.validate import validate_config
+from grpo_pipe.pipeline import VALIDATED_GROUPS
+from tests.conftest import CONF
+
+OPTIONS = [
+    (group, path.stem)
+    for group in sorted(VALIDATED_GROUPS)
+    if (CONF / group).is_dir()
+    for path in sorted((CONF / group).glob("*.yaml"))
+]
+
+
+def test_every_group_has_options() -> None:
+    groups = {g for g, _ in OPTIONS}
+    assert {"model", "weight_bridge", "reward", "curriculum", "placement", "data", "logger"} <= groups
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_option_instantiates(compose_cfg, group: str, option: str) -> None:
+    cfg = compose_cfg([f"{group}={option}"])
+    validate_config(cfg, VALIDATED_GROUPS)
+    component = instantiate(cfg[group], _convert_="all")
+    assert type(component).__name__ in str(cfg[group]._target_)
