@@ -41,7 +41,7 @@ class RolloutEngine(Protocol):
 
     served_version: int  # policy version of the weights the engine generates with
 
-    def connect(self, model_path: Path) -> None: ...
+    def connect(self, model_path: Path, options: dict[str, Any] | None = None) -> None: ...
 
     def generate(
         self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
@@ -72,6 +72,14 @@ class WeightBridge(Protocol):
     """Moves trained weights into the live engine."""
 
     sync_every: int
+
+    def check(self, engine: RolloutEngine, policy: Any) -> list[str]:
+        """Config problems (e.g. needs a GPU, needs an in-process engine); reported before anything loads."""
+        ...
+
+    def engine_options(self) -> dict[str, Any]:
+        """Extra engine settings this bridge needs (e.g. enable_lora); applied when the engine starts."""
+        ...
 
     def connect(self, engine: RolloutEngine, policy: Policy) -> None: ...
 

@@ -69,7 +69,7 @@ def build(cfg: DictConfig) -> dict[str, Any]:
     for group in COMPONENT_GROUPS:
         log.info("Instantiating %s <%s>", group, cfg[group]._target_)
         parts[group] = instantiate(cfg[group], _convert_="all")
-    problems = parts["weight_bridge"].check(parts["rollout"])
+    problems = parts["weight_bridge"].check(parts["rollout"], parts["trainer"].policy)
     if parts["placement"].engine_needs_sleep_mode() and not parts["rollout"].enable_sleep_mode:
         problems.append(f"placement.sleep_level={parts['placement'].sleep_level} needs rollout.enable_sleep_mode=true")
     if problems:
@@ -109,7 +109,7 @@ def _train(cfg: DictConfig, parts: dict[str, Any], settings: RunSettings, tracke
     eval_prompts = [render_prompt(tokenizer, data.system_prompt, t) for t in eval_tasks]
     tracker.log_metrics({"data/skipped_rows": float(len(getattr(data, "skipped", ())))}, step=0)
 
-    engine.connect(model_path)
+    engine.connect(model_path, bridge.engine_options())
     trainer.setup(model_path, placement.trainer_device(), pad_id=tokenizer.pad_token_id or 0)
     bridge.connect(engine, trainer.policy)
     sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens)

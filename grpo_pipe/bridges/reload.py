@@ -7,6 +7,7 @@ No disk, no restart, no serialisation: the engine runs in the trainer's process
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from grpo_pipe.interfaces import Policy
 from grpo_pipe.rollout.vllm_engine import VllmEngine
@@ -20,13 +21,16 @@ class InProcessReloadBridge:
         self.sync_every = sync_every
         self.engine: VllmEngine | None = None
 
-    def check(self, engine: object) -> list[str]:
+    def check(self, engine: object, policy: object) -> list[str]:
         """Problems with this engine, reported with the rest of the config errors."""
         if not isinstance(engine, VllmEngine):
             return [f"weight_bridge=reload needs rollout=vllm, got {type(engine).__name__}"]
         if not engine.in_process:
             return ["weight_bridge=reload needs rollout.in_process=true (the engine must share the trainer's process)"]
         return []
+
+    def engine_options(self) -> dict[str, Any]:
+        return {}
 
     def connect(self, engine: VllmEngine, policy: Policy) -> None:
         self.engine = engine

@@ -97,6 +97,8 @@ class VllmEngine:
         self.served_version = 0
         self.model_path: Path | None = None
         self.llm: Any = None
+        self.extra_options: dict[str, Any] = {}  # engine options a weight bridge asked for
+        self.lora_request: Any = None  # adapter applied to every request, set by the LoRA bridge
 
     @property
     def on_gpu(self) -> bool:
@@ -122,7 +124,7 @@ class VllmEngine:
         if self.speculative_config:
             kwargs["speculative_config"] = self.speculative_config
             kwargs["per_request_spec_decode_metrics"] = "summary"
-        return kwargs
+        return {**kwargs, **self.extra_options}
 
     @property
     def weight_dtype(self) -> torch.dtype:
@@ -136,10 +138,13 @@ class VllmEngine:
             return "bfloat16" if self.on_gpu or _cpu_has_native_bf16() else "float32"
         return self.dtype
 
-    def connect(self, model_path: Path) -> None:
+    def connect(self, model_path: Path, options: dict[str, Any] | None = None) -> None:
+        """Start the engine on `model_path`; `options` are extra vLLM settings a weight bridge needs."""
         env.prepare_vllm_process_env(self.in_process)
         from vllm import LLM
 
+        if options is not None:
+            self.extra_options = dict(options)
         started = time.perf_counter()
         self.model_path = Path(model_path)
         self.llm = LLM(**self.engine_kwargs(self.model_path))
@@ -162,7 +167,10 @@ class VllmEngine:
             for n in samples
         ]
         outputs = self._llm().generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+            params,
+            use_tqdm=False,
+            lora_request=self.lora_request,
         )
         return [self._completions(output) for output in outputs]
 
@@ -197,6 +205,17 @@ class VllmEngine:
         """Load the safetensors files in `folder` into the running engine (any process layout)."""
         self._llm().collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
         self._after_weight_update()
+
+    def use_adapter(self, name: str, adapter_id: int, folder: Path) -> None:
+        """Serve every following request with this LoRA adapter (loaded by vLLM on first use)."""
+        from vllm.lora.request import LoRARequest
+
+        self.lora_request = LoRARequest(lora_name=name, lora_int_id=adapter_id, lora_path=str(folder))
+        self._llm().llm_engine.add_lora(self.lora_request)
+
+    def retire_adapter(self, adapter_id: int) -> None:
+        """Free an adapter's slot; only call once no request uses it."""
+        self._llm().llm_engine.remove_lora(adapter_id)
 
     def _after_weight_update(self) -> None:
         llm = self._llm()
