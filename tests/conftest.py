@@ -12,7 +12,9 @@ from omegaconf import DictConfig
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
-GSM8K_DIR = REPO.parent / "shared" / "data" / "gsm8k"
+# GSM8K (MIT): the full train+test beside the repo when present, else the test split kept in tests/fixtures.
+_SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
+GSM8K_DIR = _SHARED_GSM8K if (_SHARED_GSM8K / "train.jsonl").exists() else REPO / "tests" / "fixtures" / "gsm8k"
 
 # Fast and deterministic: the tiny model everywhere, fp32 so engine and trainer agree exactly.
 TINY = [

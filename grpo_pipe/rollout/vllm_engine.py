@@ -206,6 +206,14 @@ class VllmEngine:
         self._llm().collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
         self._after_weight_update()
 
+    def call_workers(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
+        """Run a worker-extension method in every engine worker (any process layout)."""
+        return self._llm().collective_rpc(method, args=args, timeout=timeout_s)
+
+    def after_external_weight_update(self) -> None:
+        """Called by bridges that wrote weights through their own worker methods."""
+        self._llm().reset_prefix_cache()
+
     def use_adapter(self, name: str, adapter_id: int, folder: Path) -> None:
         """Serve every following request with this LoRA adapter (loaded by vLLM on first use)."""
         from vllm.lora.request import LoRARequest

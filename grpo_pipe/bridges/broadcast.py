@@ -1,0 +1,131 @@
+"""Broadcast bridge (`weight_bridge=nccl`): the trainer sends its weights to an engine running in
+another process (another GPU, or another CPU process) over a private collective group: NCCL on
+GPUs, gloo on CPUs, so the very same cross-process path runs in CPU tests.
+
+Tensors are cast to the engine's dtype and packed into flat buckets of `bucket_mb`, one broadcast
+call per bucket rather than one per tensor. The engine side (`weight_receiver.py`) unpacks views
+and calls vLLM's own loader. Every collective has a timeout, so a dead peer is an error, not a hang.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Literal
+
+import torch
+
+from grpo_pipe.bridges.collective import broadcast, host_store, open_group, pack, plan_buckets
+from grpo_pipe.interfaces import Policy
+from grpo_pipe.rollout.vllm_engine import VllmEngine
+from grpo_pipe.types import SyncStats
+
+RECEIVER = "grpo_pipe.bridges.weight_receiver.WeightReceiverExtension"
+
+
+class _Call:
+    """Runs a blocking engine call on a helper thread while this thread drives the collective."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.result = fn()
+        except BaseException as err:  # re-raised on the caller's thread
+            self.error = err
+
+    def wait(self, timeout_s: float) -> Any:
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            raise TimeoutError(f"engine did not finish the weight transfer within {timeout_s:.0f}s")
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class BroadcastBridge:
+    def __init__(
+        self,
+        sync_every: int = 1,
+        backend: Literal["auto", "gloo", "nccl"] = "auto",
+        bucket_mb: int = 256,
+        host: str = "127.0.0.1",
+        timeout_s: float = 120.0,
+    ) -> None:
+        if sync_every < 1 or bucket_mb < 1:
+            raise ValueError(f"weight_bridge.sync_every={sync_every} and bucket_mb={bucket_mb} must be >= 1")
+        self.sync_every = sync_every
+        self.backend = backend
+        self.bucket_bytes = bucket_mb * 2**20
+        self.host = host
+        self.timeout_s = timeout_s
+        self.engine: VllmEngine | None = None
+        self._group: Any = None
+        self._store: Any = None
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.backend == "auto":
+            return "nccl" if torch.cuda.is_available() else "gloo"
+        return self.backend
+
+    def check(self, engine: object, policy: object) -> list[str]:
+        problems = []
+        if not isinstance(engine, VllmEngine):
+            problems.append(f"weight_bridge=nccl needs rollout=vllm, got {type(engine).__name__}")
+        if self.resolved_backend == "nccl" and not torch.cuda.is_available():
+            problems.append("weight_bridge.backend=nccl needs CUDA GPUs; use backend=gloo (or auto) on CPU")
+        return problems
+
+    def engine_options(self) -> dict[str, Any]:
+        return {"worker_extension_cls": RECEIVER}
+
+    def connect(self, engine: VllmEngine, policy: Any) -> None:
+        self.engine = engine
+        self._store = host_store(self.host, self.timeout_s)
+        port = self._store.port
+        joining = _Call(lambda: engine.call_workers("grpo_open_weight_group", self.resolved_backend, self.host, port, self.timeout_s))
+        self._group = open_group(self._store, self.resolved_backend, self.timeout_s)
+        joining.wait(self.timeout_s)
+
+    def push(self, policy: Policy, version: int) -> SyncStats:
+        if self.engine is None or self._group is None:
+            raise RuntimeError("bridge used before connect()")
+        engine = self.engine
+        started = time.perf_counter()
+        dtype = engine.weight_dtype
+        weights = [(name, t.detach().to(dtype).contiguous()) for name, t in policy.named_weights()]
+        plan = plan_buckets(weights, self.bucket_bytes)
+        gathered = time.perf_counter()
+        receiving = _Call(lambda: engine.call_workers("grpo_receive_weights", [b.to_wire() for b in plan], timeout_s=self.timeout_s))
+        cursor = 0
+        for bucket in plan:
+            tensors = [t for _, t in weights[cursor : cursor + len(bucket.specs)]]
+            cursor += len(bucket.specs)
+            broadcast(self._group, pack(tensors))
+        sent = time.perf_counter()
+        report = receiving.wait(self.timeout_s)[0]
+        engine.after_external_weight_update()
+        done = time.perf_counter()
+        engine.served_version = version
+        return SyncStats(
+            gather_s=gathered - started,
+            transport_s=sent - gathered,
+            load_s=float(report["load_s"]),
+            pause_s=done - started,
+            bytes_moved=int(report["bytes"]),
+            policy_version=version,
+        )
+
+    def close(self) -> None:
+        if self.engine is not None and self.engine.llm is not None and self._group is not None:
+            try:
+                self.engine.call_workers("grpo_close_weight_group", timeout_s=self.timeout_s)
+            except Exception:  # the engine may already be gone; nothing left to release here
+                pass
+        self.engine, self._group, self._store = None, None, None

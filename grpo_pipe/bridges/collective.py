@@ -1,0 +1,109 @@
+"""A private two-party process group between the trainer (rank 0) and an engine worker (rank 1).
+
+Built from c10d directly (TCPStore + ProcessGroupGloo/NCCL), so it never touches the default
+process group that vLLM and the trainer may use for themselves. Every collective has a timeout:
+a dead peer surfaces as an error, never a hang.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+TRAINER_RANK = 0
+WORLD_SIZE = 2
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str  # Hugging Face checkpoint name
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Tensors sent as one flat buffer in one broadcast call."""
+
+    dtype: str  # e.g. "float32"; one dtype per bucket
+    specs: tuple[TensorSpec, ...]
+
+    @property
+    def numel(self) -> int:
+        return sum(int(torch.Size(s.shape).numel()) for s in self.specs)
+
+    def to_wire(self) -> dict[str, Any]:
+        """Plain data for the engine RPC (its serialiser turns dataclasses into dicts anyway)."""
+        return {"dtype": self.dtype, "specs": [[s.name, list(s.shape)] for s in self.specs]}
+
+    @classmethod
+    def from_wire(cls, wire: dict[str, Any]) -> Bucket:
+        return cls(wire["dtype"], tuple(TensorSpec(name, tuple(shape)) for name, shape in wire["specs"]))
+
+
+def plan_buckets(weights: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[Bucket]:
+    """Group tensors (in order) into buckets of at most `bucket_bytes` (a larger tensor gets its own)."""
+    buckets: list[Bucket] = []
+    current: list[TensorSpec] = []
+    size, dtype = 0, None
+    for name, tensor in weights:
+        nbytes = tensor.numel() * tensor.element_size()
+        name_dtype = str(tensor.dtype).removeprefix("torch.")
+        if current and (size + nbytes > bucket_bytes or name_dtype != dtype):
+            buckets.append(Bucket(dtype, tuple(current)))  # type: ignore[arg-type]
+            current, size = [], 0
+        current.append(TensorSpec(name, tuple(tensor.shape)))
+        size += nbytes
+        dtype = name_dtype
+    if current:
+        buckets.append(Bucket(dtype, tuple(current)))  # type: ignore[arg-type]
+    return buckets
+
+
+def pack(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def unpack(flat: torch.Tensor, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
+    out, offset = [], 0
+    for spec in bucket.specs:
+        n = int(torch.Size(spec.shape).numel())
+        out.append((spec.name, flat[offset : offset + n].view(spec.shape)))
+        offset += n
+    return out
+
+
+def host_store(host: str, timeout_s: float) -> dist.TCPStore:
+    """The trainer's rendezvous store on a free port (read it from `store.port`); returns at once."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    return dist.TCPStore(host, 0, WORLD_SIZE, True, timeout=timeout, wait_for_workers=False)
+
+
+def open_group(store: dist.TCPStore, backend: str, timeout_s: float) -> dist.ProcessGroup:
+    """The trainer's side: blocks until the engine worker joins, or fails after `timeout_s`."""
+    return _group_on(store, backend, TRAINER_RANK, datetime.timedelta(seconds=timeout_s))
+
+
+def join_group(backend: str, host: str, port: int, timeout_s: float) -> tuple[dist.ProcessGroup, dist.TCPStore]:
+    """The engine worker's side (rank 1)."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = dist.TCPStore(host, port, WORLD_SIZE, False, timeout=timeout)
+    return _group_on(store, backend, 1, timeout), store
+
+
+def _group_on(store: dist.Store, backend: str, rank: int, timeout: datetime.timedelta) -> dist.ProcessGroup:
+    if backend == "gloo":
+        return dist.ProcessGroupGloo(store, rank, WORLD_SIZE, timeout)
+    if backend == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, WORLD_SIZE, options)
+    raise ValueError(f"backend={backend!r}; allowed: 'gloo', 'nccl'")
+
+
+def broadcast(group: dist.ProcessGroup, tensor: torch.Tensor) -> None:
+    group.broadcast(tensor, TRAINER_RANK).wait()

@@ -1,0 +1,52 @@
+"""Engine-side half of the broadcast bridge, mixed into vLLM's worker (`worker_extension_cls`).
+
+Runs inside the engine's process. The trainer sends a plan (bucket dtypes, names, shapes) through
+`collective_rpc`, then broadcasts each bucket as one flat tensor; the worker unpacks views into that
+buffer and hands them to vLLM's own loader, which fuses qkv / gate_up itself.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import time
+
+from grpo_pipe.bridges.collective import Bucket, broadcast, join_group, unpack
+
+
+class WeightReceiverExtension:
+    """Methods added to the vLLM worker; `self` is the worker."""
+
+    def grpo_open_weight_group(self, backend: str, host: str, port: int, timeout_s: float) -> None:
+        self._grpo_group, self._grpo_store = join_group(backend, host, port, timeout_s)
+
+    def grpo_receive_weights(self, wire_plan: list[dict]) -> dict[str, float]:
+        """Receive every bucket, then load. Returns bytes received and the receive / load times."""
+        started = time.perf_counter()
+        device = self.device if hasattr(self, "device") else torch.device("cpu")
+        received: list[tuple[str, torch.Tensor]] = []
+        for bucket in map(Bucket.from_wire, wire_plan):
+            flat = torch.empty(bucket.numel, dtype=getattr(torch, bucket.dtype), device=device)
+            broadcast(self._grpo_group, flat)
+            received.extend(unpack(flat, bucket))
+        arrived = time.perf_counter()
+        self._grpo_load(received)
+        return {
+            "bytes": float(sum(t.numel() * t.element_size() for _, t in received)),
+            "receive_s": arrived - started,
+            "load_s": time.perf_counter() - arrived,
+        }
+
+    def _grpo_load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
+        if torch.device(self.device if hasattr(self, "device") else "cpu").type == "cpu":
+            from grpo_pipe.rollout.vllm_engine import _refresh_cpu_tied_lm_head
+
+            self.reload_weights(weights_iterator=iter(weights))  # CPU weights are repacked; use the reload path
+            _refresh_cpu_tied_lm_head(self)
+        else:
+            self.model_runner.model.load_weights(weights=weights)
+
+    def grpo_close_weight_group(self) -> None:
+        for attr in ("_grpo_group", "_grpo_store"):
+            if hasattr(self, attr):
+                delattr(self, attr)
