@@ -46,6 +46,11 @@ class WeightReceiverExtension:
         else:
             self.model_runner.model.load_weights(weights=weights)
 
+    def grpo_receive_raw(self, nbytes: int) -> None:
+        """Receive one flat buffer and drop it: the transport floor, for benchmarks."""
+        device = self.device if hasattr(self, "device") else torch.device("cpu")
+        broadcast(self._grpo_group, torch.empty(nbytes, dtype=torch.uint8, device=device))
+
     def grpo_close_weight_group(self) -> None:
         for attr in ("_grpo_group", "_grpo_store"):
             if hasattr(self, attr):

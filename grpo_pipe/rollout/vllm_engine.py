@@ -43,7 +43,10 @@ def _refresh_cpu_tied_lm_head(worker: Any) -> bool:
 
 
 def _reload_in_process(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
-    worker.reload_weights(weights_iterator=iter(weights))
+    if hasattr(worker, "reload_weights"):  # vLLM >= 0.27; required on CPU, where weights are repacked
+        worker.reload_weights(weights_iterator=iter(weights))
+    else:
+        worker.model_runner.model.load_weights(weights=weights)
 
 
 def _telemetry(output: Any, generated: int) -> RequestTelemetry:
@@ -209,6 +212,12 @@ class VllmEngine:
     def call_workers(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
         """Run a worker-extension method in every engine worker (any process layout)."""
         return self._llm().collective_rpc(method, args=args, timeout=timeout_s)
+
+    def call_workers_in_process(self, fn: Any) -> Any:
+        """Run `fn(worker)` on the in-process worker and return its result object itself (no copy)."""
+        if not self.in_process:
+            raise RuntimeError("rollout.in_process=false: the engine's objects live in another process")
+        return self._llm().collective_rpc(fn)[0]
 
     def after_external_weight_update(self) -> None:
         """Called by bridges that wrote weights through their own worker methods."""

@@ -1,0 +1,159 @@
+"""Benchmark: median sync latency and effective GB/s of each weight bridge, next to the raw limit
+measured in the same run on the same bytes (a plain device copy for reload / ipc, a raw broadcast
+between the same two peers for nccl, a cold engine start for checkpoint).
+
+    python -m grpo_pipe.benchmarks.bridges --models tiny,smollm2-135m --bridges reload,lora,nccl,checkpoint
+    python -m grpo_pipe.benchmarks.bridges --models qwen2.5-1.5b --bridges ipc,reload,lora,checkpoint   # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpo_pipe.benchmarks.models import benchmark_model
+from grpo_pipe.rollout.vllm_engine import VllmEngine
+from grpo_pipe.trainer.grpo import resolve_dtype
+from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy
+
+log = logging.getLogger("grpo_pipe.benchmarks")
+ON_GPU = torch.cuda.is_available()
+DEVICE = torch.device("cuda") if ON_GPU else torch.device("cpu")
+
+
+def _sync() -> None:
+    if ON_GPU:
+        torch.cuda.synchronize()
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
+    fn()  # warm-up
+    times, result = [], None
+    for _ in range(repeats):
+        _sync()
+        start = time.perf_counter()
+        result = fn()
+        _sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), result
+
+
+def raw_copy_s(nbytes: int, repeats: int) -> float:
+    """A plain copy of `nbytes` on the trainer's device: the floor for any bridge that copies."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE)
+    dst = torch.empty_like(src)
+    return timed(lambda: dst.copy_(src), repeats)[0]
+
+
+def _engine(path: Path, in_process: bool, options: dict[str, Any]) -> VllmEngine:
+    engine = VllmEngine(max_model_len=512, kv_cache_gib=0.5, gpu_memory_utilization=0.3, in_process=in_process)
+    engine.connect(path, options)
+    return engine
+
+
+def _policy(kind: str, path: Path) -> Any:
+    policy = LoraPolicy(rank=16, alpha=32) if kind == "lora" else FullFinetunePolicy()
+    policy.load(path, DEVICE, resolve_dtype("auto", DEVICE))
+    return policy
+
+
+def bench_bridge(name: str, path: Path, repeats: int) -> dict[str, Any]:
+    from grpo_pipe.bridges.broadcast import BroadcastBridge
+    from grpo_pipe.bridges.checkpoint_restart import CheckpointRestartBridge
+    from grpo_pipe.bridges.cuda_ipc import CudaIpcBridge
+    from grpo_pipe.bridges.lora_hotswap import LoraHotSwapBridge
+    from grpo_pipe.bridges.reload import InProcessReloadBridge
+
+    bridge = {"reload": InProcessReloadBridge, "lora": LoraHotSwapBridge, "ipc": CudaIpcBridge,
+              "nccl": BroadcastBridge, "checkpoint": CheckpointRestartBridge}[name]()
+    if ON_GPU:
+        torch.cuda.reset_peak_memory_stats()
+    policy = _policy("lora" if name == "lora" else "full", path)
+    cold_start = time.perf_counter()
+    engine = _engine(path, in_process=name != "nccl", options=bridge.engine_options())
+    cold_start_s = time.perf_counter() - cold_start
+    try:
+        problems = bridge.check(engine, policy)
+        if problems:
+            return {"bridge": name, "skipped": "; ".join(problems)}
+        bridge.connect(engine, policy)
+        version = iter(range(1, 10_000))
+        median_s, stats = timed(lambda: bridge.push(policy, next(version)), repeats)
+        weight_bytes = stats.bytes_moved if name == "lora" else sum(
+            t.numel() * t.element_size() for _, t in policy.named_weights()
+        )
+        row = {"bridge": name, "sync_ms": median_s * 1e3, "bytes": stats.bytes_moved, "weight_bytes": weight_bytes,
+               "gb_per_s": stats.bytes_moved / median_s / 1e9 if stats.bytes_moved else None}
+        row.update(_limit(name, bridge, stats.bytes_moved or weight_bytes, median_s, cold_start_s, repeats))
+        if ON_GPU:
+            row["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        return row
+    finally:
+        bridge.close()
+        engine.shutdown()
+        del policy
+        if ON_GPU:
+            torch.cuda.empty_cache()
+
+
+def _limit(name: str, bridge: Any, nbytes: int, median_s: float, cold_start_s: float, repeats: int) -> dict[str, Any]:
+    if name == "checkpoint":
+        return {"limit": "cold engine start", "limit_ms": cold_start_s * 1e3, "ratio": median_s / cold_start_s}
+    if name == "nccl":
+        limit_s = timed(lambda: raw_broadcast(bridge, nbytes), repeats)[0]
+        return {"limit": f"raw {bridge.resolved_backend} broadcast", "limit_ms": limit_s * 1e3, "ratio": median_s / limit_s}
+    if name == "lora":
+        return {"limit": "target 50 ms", "limit_ms": 50.0, "ratio": median_s / 0.05}
+    limit_s = raw_copy_s(nbytes, repeats)
+    return {"limit": "device copy", "limit_ms": limit_s * 1e3, "ratio": median_s / limit_s}
+
+
+def raw_broadcast(bridge: Any, nbytes: int) -> None:
+    """One flat broadcast of `nbytes` to the same engine worker, through the same group."""
+    from grpo_pipe.bridges.broadcast import _Call
+    from grpo_pipe.bridges.collective import broadcast
+
+    engine = bridge.engine
+    receiving = _Call(lambda: engine.call_workers("grpo_receive_raw", nbytes, timeout_s=bridge.timeout_s))
+    broadcast(bridge._group, torch.empty(nbytes, dtype=torch.uint8, device=DEVICE))
+    receiving.wait(bridge.timeout_s)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="tiny,smollm2-135m")
+    parser.add_argument("--bridges", default="reload,lora,nccl,checkpoint")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    rows = []
+    for model in args.models.split(","):
+        path = benchmark_model(model)
+        for name in args.bridges.split(","):
+            row = {"model": model, **bench_bridge(name, path, args.repeats)}
+            rows.append(row)
+            print(format_row(row), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
+def format_row(row: dict[str, Any]) -> str:
+    if "skipped" in row:
+        return f"{row['model']:>14} {row['bridge']:>10}  skipped: {row['skipped']}"
+    gbps = f"{row['gb_per_s']:.2f} GB/s" if row.get("gb_per_s") else "0 bytes moved"
+    peak = f"  peak {row['peak_gpu_gib']:.2f} GiB" if "peak_gpu_gib" in row else ""
+    return (f"{row['model']:>14} {row['bridge']:>10}  sync {row['sync_ms']:9.2f} ms  {gbps:>14}  "
+            f"{row['limit']}: {row['limit_ms']:.2f} ms  ratio {row['ratio']:.2f}x{peak}")
+
+
+if __name__ == "__main__":
+    main()

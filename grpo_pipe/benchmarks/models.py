@@ -1,0 +1,48 @@
+"""Random-initialised models of published architectures, for benchmarks where only shapes matter
+(sync cost and throughput do not depend on the weight values)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from grpo_pipe import env
+from grpo_pipe.models.cache import build_once
+from grpo_pipe.models.tiny_random import TinyRandomModel
+
+# Qwen2.5 architecture numbers from the published configs.
+QWEN25 = {
+    "qwen2.5-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                         intermediate_size=4864, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
+                         intermediate_size=8960, tie_word_embeddings=True),
+    "qwen2.5-7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                       intermediate_size=18944, tie_word_embeddings=False),
+}
+
+
+def benchmark_model(name: str) -> Path:
+    """A model folder for `name`: tiny, smollm2-135m, or a random-init Qwen2.5 architecture."""
+    if name == "tiny":
+        return TinyRandomModel().materialize()
+    if name == "smollm2-135m":
+        from grpo_pipe.models.smollm2 import GgufOrHubModel
+
+        return GgufOrHubModel().materialize()
+    if name not in QWEN25:
+        raise SystemExit(f"--models: unknown {name!r}; allowed: tiny, smollm2-135m, {', '.join(QWEN25)}")
+    tokenizer_source = TinyRandomModel().materialize()  # any tokenizer works: only the vocab size matters
+    return build_once(env.cache_dir() / "models" / f"random-{name}", lambda out: _build(name, out, tokenizer_source),
+                      f"random-init {name}")
+
+
+def _build(name: str, out: Path, tokenizer_source: Path) -> None:
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
+    config = Qwen2Config(**QWEN25[name], vocab_size=151936, max_position_embeddings=4096,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
