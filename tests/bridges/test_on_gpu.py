@@ -6,7 +6,7 @@ import torch
 
 from tests.bridges.equality import train_sync_and_compare
 
-GPU = ["rollout.dtype=bfloat16", "trainer.dtype=bfloat16", "rollout.gpu_memory_utilization=0.3"]
+GPU = ["data=gsm8k", "data.path=tests/fixtures/gsm8k", "data.train_file=test.jsonl", "rollout.dtype=bfloat16", "trainer.dtype=bfloat16", "rollout.gpu_memory_utilization=0.3"]
 
 
 @pytest.mark.gpu
