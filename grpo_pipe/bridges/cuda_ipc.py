@@ -88,6 +88,15 @@ class CudaIpcBridge:
         engine_params = dict(model.named_parameters(remove_duplicate=False))
         trainer_params = dict(module.named_parameters(remove_duplicate=False))
         views = engine_views(engine_params, trainer_params, getattr(model, "packed_modules_mapping", {}))
+        with torch.no_grad():
+            self._alias(trainer_params, views)
+        self.shared_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in module.parameters()}.values())
+        torch.cuda.empty_cache()
+        engine.after_external_weight_update()
+        self.engine = engine
+
+    @staticmethod
+    def _alias(trainer_params: Mapping[str, torch.nn.Parameter], views: Mapping[str, torch.Tensor]) -> None:
         for name, param in trainer_params.items():
             view = views[name]
             if view.dtype != param.dtype or view.shape != param.shape or view.device != param.device:
@@ -97,10 +106,6 @@ class CudaIpcBridge:
                 )
             view.copy_(param.data)  # the engine starts from exactly the trainer's weights
             param.data = view  # share storage; the trainer's own tensor is freed here
-        self.shared_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in module.parameters()}.values())
-        torch.cuda.empty_cache()
-        engine.after_external_weight_update()
-        self.engine = engine
 
     def push(self, policy: Any, version: int) -> SyncStats:
         if self.engine is None:

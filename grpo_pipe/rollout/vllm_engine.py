@@ -252,8 +252,14 @@ class VllmEngine:
         # vLLM needs the old engine gone before another is built in the same process.
         if self.llm is not None:
             engine, self.llm = self.llm, None
+            try:
+                engine.llm_engine.engine_core.shutdown()  # frees the KV cache and stops an engine process
+            except Exception as err:  # already down: nothing left to free
+                log.debug("engine shutdown: %r", err)
             del engine
             gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
 
     def _llm(self) -> Any:
         if self.llm is None:
