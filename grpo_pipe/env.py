@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -25,3 +27,29 @@ def prepare_vllm_process_env(in_process: bool) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
     os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@contextmanager
+def visible_devices(device_ids: str | None) -> Iterator[None]:
+    """Make only `device_ids` visible to processes started inside this block (the engine process).
+
+    The current process is unaffected once it has initialised CUDA, so the trainer keeps its GPU.
+    """
+    if device_ids is None:
+        yield
+        return
+    previous = os.environ.get("CUDA_VISIBLE_DEVICES")
+    os.environ["CUDA_VISIBLE_DEVICES"] = device_ids
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = previous
+
+
+def fast_scratch_dir() -> str | None:
+    """A RAM-backed folder for short-lived hand-over files (LoRA adapters), when the machine has one."""
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None

@@ -53,8 +53,11 @@ def raw_copy_s(nbytes: int, repeats: int) -> float:
     return timed(lambda: dst.copy_(src), repeats)[0]
 
 
-def _engine(path: Path, in_process: bool, options: dict[str, Any]) -> VllmEngine:
-    engine = VllmEngine(max_model_len=512, kv_cache_gib=0.5, gpu_memory_utilization=0.3, in_process=in_process)
+def _engine(path: Path, bridge: str, options: dict[str, Any]) -> VllmEngine:
+    # nccl: the engine gets a process (and, with two GPUs, a GPU) of its own; the rest share the process.
+    other_gpu = "1" if bridge == "nccl" and torch.cuda.device_count() > 1 else None
+    engine = VllmEngine(max_model_len=512, kv_cache_gib=0.5, gpu_memory_utilization=0.2,
+                        in_process=bridge != "nccl", device_ids=other_gpu)
     engine.connect(path, options)
     return engine
 
@@ -74,17 +77,18 @@ def bench_bridge(name: str, path: Path, repeats: int) -> dict[str, Any]:
 
     bridge = {"reload": InProcessReloadBridge, "lora": LoraHotSwapBridge, "ipc": CudaIpcBridge,
               "nccl": BroadcastBridge, "checkpoint": CheckpointRestartBridge}[name]()
-    if ON_GPU:
-        torch.cuda.reset_peak_memory_stats()
+    if name == "nccl" and ON_GPU and torch.cuda.device_count() < 2:
+        return {"bridge": name, "skipped": "needs two GPUs (engine and trainer on different devices)"}
     policy = _policy("lora" if name == "lora" else "full", path)
     cold_start = time.perf_counter()
-    engine = _engine(path, in_process=name != "nccl", options=bridge.engine_options())
+    engine = _engine(path, name, bridge.engine_options())
     cold_start_s = time.perf_counter() - cold_start
     try:
         problems = bridge.check(engine, policy)
         if problems:
             return {"bridge": name, "skipped": "; ".join(problems)}
         bridge.connect(engine, policy)
+        memory = _memory_after_connect()
         version = iter(range(1, 10_000))
         # A checkpoint sync restarts the engine: two repeats are plenty to see its cost.
         median_s, stats = timed(lambda: bridge.push(policy, next(version)), min(repeats, 2) if name == "checkpoint" else repeats)
@@ -92,10 +96,12 @@ def bench_bridge(name: str, path: Path, repeats: int) -> dict[str, Any]:
             t.numel() * t.element_size() for _, t in policy.named_weights()
         )
         row = {"bridge": name, "sync_ms": median_s * 1e3, "bytes": stats.bytes_moved, "weight_bytes": weight_bytes,
+               "gather_ms": stats.gather_s * 1e3, "transport_ms": stats.transport_s * 1e3, "load_ms": stats.load_s * 1e3,
                "gb_per_s": stats.bytes_moved / median_s / 1e9 if stats.bytes_moved else None}
         row.update(_limit(name, bridge, stats.bytes_moved or weight_bytes, median_s, cold_start_s, repeats))
         if ON_GPU:
-            row["peak_gpu_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            row["resident_gib"] = memory
+            row["sync_peak_gib"] = torch.cuda.max_memory_allocated() / 2**30
         return row
     finally:
         bridge.close()
@@ -103,6 +109,16 @@ def bench_bridge(name: str, path: Path, repeats: int) -> dict[str, Any]:
         del policy
         if ON_GPU:
             torch.cuda.empty_cache()
+
+
+def _memory_after_connect() -> float | None:
+    """GPU memory this process holds once engine and trainer are set up (weights, KV cache, optimizer
+    state not yet created); the peak counter restarts here so `sync_peak_gib` covers the syncs only."""
+    if not ON_GPU:
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated() / 2**30
 
 
 def _limit(name: str, bridge: Any, nbytes: int, median_s: float, cold_start_s: float, repeats: int) -> dict[str, Any]:
@@ -151,7 +167,7 @@ def format_row(row: dict[str, Any]) -> str:
     if "skipped" in row:
         return f"{row['model']:>14} {row['bridge']:>10}  skipped: {row['skipped']}"
     gbps = f"{row['gb_per_s']:.2f} GB/s" if row.get("gb_per_s") else "0 bytes moved"
-    peak = f"  peak {row['peak_gpu_gib']:.2f} GiB" if "peak_gpu_gib" in row else ""
+    peak = f"  resident {row['resident_gib']:.2f} GiB, sync peak {row['sync_peak_gib']:.2f} GiB" if "resident_gib" in row else ""
     return (f"{row['model']:>14} {row['bridge']:>10}  sync {row['sync_ms']:9.2f} ms  {gbps:>14}  "
             f"{row['limit']}: {row['limit_ms']:.2f} ms  ratio {row['ratio']:.2f}x{peak}")
 

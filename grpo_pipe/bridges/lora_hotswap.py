@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from grpo_pipe import env
 from grpo_pipe.bridges.files import folder_bytes, replace_atomically
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.trainer.policy import LoraPolicy
@@ -48,7 +49,8 @@ class LoraHotSwapBridge:
 
     def connect(self, engine: VllmEngine, policy: Any) -> None:
         self.engine = engine
-        self._root = Path(tempfile.mkdtemp(prefix="grpo_pipe-lora-"))
+        # RAM-backed when possible: the adapter is written and read back once per sync.
+        self._root = Path(tempfile.mkdtemp(prefix="grpo_pipe-lora-", dir=env.fast_scratch_dir()))
 
     def push(self, policy: LoraPolicy, version: int) -> SyncStats:
         if self.engine is None or self._root is None:

@@ -21,30 +21,33 @@ class WeightReceiverExtension:
         self._grpo_group, self._grpo_store = join_group(backend, host, port, timeout_s)
 
     def grpo_receive_weights(self, wire_plan: list[dict]) -> dict[str, float]:
-        """Receive every bucket, then load. Returns bytes received and the receive / load times."""
+        """Receive every bucket and load it. Returns bytes received and the receive / load times.
+
+        On GPU each bucket is handed to vLLM's loader as soon as it arrives: the loader's copies are
+        queued on the compute stream and overlap the next bucket's broadcast on NCCL's stream. The
+        CPU reload path repacks whole layers, so there all buckets are loaded together at the end.
+        """
         started = time.perf_counter()
-        device = self.device if hasattr(self, "device") else torch.device("cpu")
+        device = torch.device(self.device) if hasattr(self, "device") else torch.device("cpu")
         received: list[tuple[str, torch.Tensor]] = []
+        nbytes = 0
         for bucket in map(Bucket.from_wire, wire_plan):
             flat = torch.empty(bucket.numel, dtype=getattr(torch, bucket.dtype), device=device)
             broadcast(self._grpo_group, flat)
-            received.extend(unpack(flat, bucket))
+            nbytes += flat.numel() * flat.element_size()
+            if device.type == "cpu":
+                received.extend(unpack(flat, bucket))
+            else:
+                self.model_runner.model.load_weights(weights=unpack(flat, bucket))
         arrived = time.perf_counter()
-        self._grpo_load(received)
-        return {
-            "bytes": float(sum(t.numel() * t.element_size() for _, t in received)),
-            "receive_s": arrived - started,
-            "load_s": time.perf_counter() - arrived,
-        }
-
-    def _grpo_load(self, weights: list[tuple[str, torch.Tensor]]) -> None:
-        if torch.device(self.device if hasattr(self, "device") else "cpu").type == "cpu":
+        if device.type == "cpu":
             from grpo_pipe.rollout.vllm_engine import _refresh_cpu_tied_lm_head
 
-            self.reload_weights(weights_iterator=iter(weights))  # CPU weights are repacked; use the reload path
+            self.reload_weights(weights_iterator=iter(received))
             _refresh_cpu_tied_lm_head(self)
         else:
-            self.model_runner.model.load_weights(weights=weights)
+            torch.cuda.synchronize(device)
+        return {"bytes": float(nbytes), "receive_s": arrived - started, "load_s": time.perf_counter() - arrived}
 
     def grpo_receive_raw(self, nbytes: int) -> None:
         """Receive one flat buffer and drop it: the transport floor, for benchmarks."""

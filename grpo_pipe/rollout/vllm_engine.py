@@ -85,6 +85,7 @@ class VllmEngine:
         max_num_seqs: int = 256,
         seed: int = 0,
         speculative_config: dict[str, Any] | None = None,
+        device_ids: str | None = None,
     ) -> None:
         self.dtype = dtype
         self.max_model_len = max_model_len
@@ -97,6 +98,11 @@ class VllmEngine:
         self.max_num_seqs = max_num_seqs
         self.seed = seed
         self.speculative_config = dict(speculative_config) if speculative_config else None
+        if device_ids is not None and in_process:
+            raise ValueError(
+                f"rollout.device_ids={device_ids!r} needs rollout.in_process=false (an engine process of its own)"
+            )
+        self.device_ids = device_ids
         self.served_version = 0
         self.model_path: Path | None = None
         self.llm: Any = None
@@ -150,7 +156,8 @@ class VllmEngine:
             self.extra_options = dict(options)
         started = time.perf_counter()
         self.model_path = Path(model_path)
-        self.llm = LLM(**self.engine_kwargs(self.model_path))
+        with env.visible_devices(self.device_ids):
+            self.llm = LLM(**self.engine_kwargs(self.model_path))
         log.info("vLLM engine up in %.1fs (%s)", time.perf_counter() - started, self.model_path.name)
 
     def generate(

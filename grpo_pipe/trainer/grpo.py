@@ -176,6 +176,7 @@ class GRPOTrainer:
             if self.bad_steps_in_a_row >= self.max_bad_steps:
                 raise FloatingPointError(f"{self.bad_steps_in_a_row} non-finite updates in a row (trainer.max_bad_steps)")
             self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.step()  # no gradients: changes nothing, keeps the scheduler's step order
             self.scheduler.step()
             return False, grad_norm
         self.bad_steps_in_a_row = 0

@@ -19,3 +19,12 @@ GPU = ["data=gsm8k", "data.path=tests/fixtures/gsm8k", "data.train_file=test.jso
 )
 def test_bridge_matches_a_fresh_engine_on_gpu(compose_cfg, tmp_path, bridge, fresh_from) -> None:
     train_sync_and_compare(compose_cfg([*GPU, *bridge]), tmp_path / "saved", fresh_from)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs: trainer on one, engine process on the other")
+def test_nccl_broadcast_to_an_engine_on_another_gpu_matches_a_fresh_engine(compose_cfg, tmp_path) -> None:
+    cfg = compose_cfg([*GPU, "weight_bridge=nccl", "weight_bridge.bucket_mb=64", "rollout.in_process=false",
+                       "rollout.device_ids='1'", "trainer.lr=2e-3"])
+    stats = train_sync_and_compare(cfg, tmp_path / "saved")
+    assert stats.bytes_moved > 0

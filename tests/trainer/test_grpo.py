@@ -52,8 +52,11 @@ def test_micro_batching_gives_the_full_batch_update() -> None:
     start = initial.module.state_dict()
     changed = [k for k in one if not torch.equal(one[k], start[k])]
     assert changed, "the update changed nothing"
+    # Summation order differs between 1 and 8 sequences per forward, and Adam's per-element m/sqrt(v)
+    # magnifies that fp32 rounding where a gradient is near zero; 1% of one lr-sized step still
+    # catches any normalisation mistake (those are off by whole steps).
     for key in one:
-        torch.testing.assert_close(one[key], full[key], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(one[key], full[key], rtol=0, atol=1e-2 * 1e-3)
 
 
 def test_non_finite_gradient_skips_the_update_and_stops_after_the_limit() -> None:
