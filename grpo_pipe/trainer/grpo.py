@@ -104,9 +104,23 @@ class GRPOTrainer:
 
     def step(self, groups: Sequence[RolloutGroup], rewards: Sequence[float], temperature: float) -> dict[str, float]:
         """One optimizer update on these groups. Returns `train/...` metrics."""
-        if self.optimizer is None:
-            raise RuntimeError("trainer.step() before setup()")
         started = time.perf_counter()
+        metrics = self.accumulate_gradients(groups, rewards, temperature)
+        applied, grad_norm = self._apply_update()
+        return {
+            **metrics,
+            "train/grad_norm": grad_norm,
+            "train/update_applied": float(applied),
+            "train/lr": self.scheduler.get_last_lr()[0],
+            "train/step_s": time.perf_counter() - started,
+        }
+
+    def accumulate_gradients(
+        self, groups: Sequence[RolloutGroup], rewards: Sequence[float], temperature: float
+    ) -> dict[str, float]:
+        """Fill `.grad` with the full batch's loss gradient, micro-batch by micro-batch."""
+        if self.optimizer is None:
+            raise RuntimeError("trainer used before setup()")
         reward_t = torch.tensor(rewards, dtype=torch.float32)  # [N]
         group_ids = torch.repeat_interleave(
             torch.arange(len(groups)), torch.tensor([len(g.completions) for g in groups])
@@ -116,16 +130,11 @@ class GRPOTrainer:
         active = [s for s in samples if s.advantage != 0.0 or self.kl_coef > 0]
         max_tokens = max((len(s.completion_ids) for s in samples), default=1)
         stats = self._accumulate(active, total=len(samples), max_tokens=max_tokens, temperature=temperature)
-        applied, grad_norm = self._apply_update()
         return {
             **stats,
-            "train/grad_norm": grad_norm,
-            "train/update_applied": float(applied),
-            "train/lr": self.scheduler.get_last_lr()[0],
             "train/active_samples": float(len(active)),
             "train/samples": float(len(samples)),
             "train/advantage_abs_mean": float(advantages.abs().mean()),
-            "train/step_s": time.perf_counter() - started,
         }
 
     def _accumulate(
