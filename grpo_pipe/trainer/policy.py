@@ -112,7 +112,20 @@ class LoraPolicy:
         return iter(merged)
 
     def save_adapter(self, path: Path) -> None:
-        self._module().save_pretrained(path, safe_serialization=True)
+        """The adapter in peft's folder format: adapter_config.json + adapter_model.safetensors.
+
+        Written directly (not through `save_pretrained`, which also renders a model card): this runs
+        on every LoRA sync, so its cost is sync latency.
+        """
+        from peft import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        module = self._module()
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        module.peft_config["default"].save_pretrained(str(path))
+        state = {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(module).items()}
+        save_file(state, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
 
     def save_pretrained(self, path: Path) -> None:
         """A full merged checkpoint (what a fresh engine would load)."""
