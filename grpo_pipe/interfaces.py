@@ -92,6 +92,10 @@ class WeightBridge(Protocol):
 class Reward(Protocol):
     """Scores completions. Rewards compose: a composite reward holds others."""
 
+    def setup(self, model_path: Path, kv_dtype: torch.dtype) -> None:
+        """Called once the model is known (e.g. to read its dimensions); most rewards need nothing."""
+        ...
+
     def __call__(self, groups: Sequence[RolloutGroup]) -> RewardOutput:
         """Return one value per completion, in group order then completion order."""
         ...
@@ -103,7 +107,13 @@ class Curriculum(Protocol):
 
     def next_batch(self) -> list[tuple[Task, int]]: ...
 
-    def update(self, uids: Sequence[str], rewards: Sequence[float]) -> None: ...
+    def update(self, uids: Sequence[str], rewards: Sequence[float]) -> Mapping[str, float]:
+        """Record one step's per-completion rewards; return metrics to log."""
+        ...
+
+    def take_reports(self, output_dir: Path) -> list[Path]:
+        """Write any report produced since the last call under `output_dir`; return the files written."""
+        ...
 
     def state_dict(self) -> dict[str, Any]: ...
 

@@ -86,7 +86,7 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
     try:
         tracker.log_params(_flatten(OmegaConf.to_container(cfg, resolve=True)))
         _log_hydra_files(tracker, job.output_dir)
-        result = _train(cfg, parts, settings, tracker)
+        result = _train(cfg, parts, settings, tracker, job.output_dir)
         status = "FINISHED"
         log.info(tracker.describe())
         return result
@@ -99,7 +99,7 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
         tracker.close(status)
 
 
-def _train(cfg: DictConfig, parts: dict[str, Any], settings: RunSettings, tracker: Any) -> RunResult:
+def _train(cfg: DictConfig, parts: dict[str, Any], settings: RunSettings, tracker: Any, output_dir: Path) -> RunResult:
     data, curriculum, trainer = parts["data"], parts["curriculum"], parts["trainer"]
     engine, bridge, placement, reward = parts["rollout"], parts["weight_bridge"], parts["placement"], parts["reward"]
     model_path = parts["model"].materialize()
@@ -110,6 +110,7 @@ def _train(cfg: DictConfig, parts: dict[str, Any], settings: RunSettings, tracke
     tracker.log_metrics({"data/skipped_rows": float(len(getattr(data, "skipped", ())))}, step=0)
 
     engine.connect(model_path, bridge.engine_options())
+    reward.setup(model_path, engine.weight_dtype)
     trainer.setup(model_path, placement.trainer_device(), pad_id=tokenizer.pad_token_id or 0)
     bridge.connect(engine, trainer.policy)
     sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens)
@@ -125,6 +126,8 @@ def _train(cfg: DictConfig, parts: dict[str, Any], settings: RunSettings, tracke
             if settings.eval_every and step % settings.eval_every == 0 and step < trainer.steps:
                 metrics.update(evaluate(engine, eval_prompts, eval_tasks, settings.eval_max_new_tokens))
             tracker.log_metrics(metrics, step=step)
+            for report in curriculum.take_reports(output_dir / "curriculum"):
+                tracker.log_artifact(report, "curriculum")
             step_rewards.append(metrics["train/reward/mean"])
             progress.update(step, metrics)
     placement.before_rollout(engine)

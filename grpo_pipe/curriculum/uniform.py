@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,9 @@ class UniformCurriculum:
 
     def update(self, uids: Sequence[str], rewards: Sequence[float]) -> dict[str, float]:
         return {}
+
+    def take_reports(self, output_dir: Path) -> list[Path]:
+        return []  # nothing to report: every task is treated alike
 
     def state_dict(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "position": self.position}

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+
+import torch
 
 from grpo_pipe.rewards.answers import is_correct
 from grpo_pipe.types import RewardOutput, RolloutGroup
@@ -18,6 +21,9 @@ class CorrectnessReward:
         self.correct = correct
         self.wrong = wrong
         self.unparsable = unparsable
+
+    def setup(self, model_path: Path, kv_dtype: torch.dtype) -> None:
+        pass  # needs nothing from the model
 
     def __call__(self, groups: Sequence[RolloutGroup]) -> RewardOutput:
         values: list[float] = []
