@@ -12,7 +12,15 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from grpo_pipe.types import Completion, RewardOutput, RolloutGroup, SamplingSettings, SyncStats, Task
+from grpo_pipe.types import (
+    Completion,
+    GeneratedBatch,
+    RewardOutput,
+    RolloutGroup,
+    SamplingSettings,
+    SyncStats,
+    Task,
+)
 
 
 @runtime_checkable
@@ -36,10 +44,26 @@ class TaskSource(Protocol):
 
 
 @runtime_checkable
+class PendingRollout(Protocol):
+    """A generation call that may still be running (on another process, device or machine)."""
+
+    def result(self) -> GeneratedBatch:
+        """Block until it is done."""
+        ...
+
+
+@runtime_checkable
 class RolloutEngine(Protocol):
-    """Generates completions from token ids. It knows nothing about rewards or training."""
+    """Generates completions from token ids. It knows nothing about rewards or training.
+
+    Calls take effect in the order they are made: a generation submitted after a weight sync uses
+    the new weights, one submitted before it uses the old ones. The async loop relies on this.
+    """
 
     served_version: int  # policy version of the weights the engine generates with
+    model_path: Path | None  # the folder it was started on
+    weight_dtype: torch.dtype  # the dtype it holds weights in (bridges convert before sending)
+    in_process: bool  # True when the engine's model lives in this process
 
     def connect(self, model_path: Path, options: dict[str, Any] | None = None) -> None: ...
 
@@ -49,11 +73,43 @@ class RolloutEngine(Protocol):
         """For prompt i return `samples[i]` completions, tagged with `served_version`."""
         ...
 
+    def submit(
+        self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
+    ) -> PendingRollout:
+        """Like `generate`, without waiting where the engine runs elsewhere."""
+        ...
+
     def sleep(self, level: int) -> None: ...
 
     def wake_up(self) -> None: ...
 
     def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class WorkerRpcEngine(Protocol):
+    """An engine whose workers run bridge code (`worker_extension_cls`), wherever they live."""
+
+    def call_workers(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
+        """Run a worker-extension method in every engine worker; one result per worker."""
+        ...
+
+    def after_external_weight_update(self) -> None: ...
+
+    def is_running(self) -> bool: ...
+
+    def worker_count(self) -> int:
+        """How many workers `call_workers` reaches (all replicas together)."""
+        ...
+
+
+@runtime_checkable
+class AdapterEngine(Protocol):
+    """An engine that serves LoRA adapters loaded while it runs."""
+
+    def use_adapter(self, name: str, adapter_id: int, folder: Path) -> None: ...
+
+    def retire_adapter(self, adapter_id: int) -> None: ...
 
 
 @runtime_checkable
@@ -124,11 +180,25 @@ class Curriculum(Protocol):
 class Placement(Protocol):
     """Where the engine and the trainer live and how they hand the device to each other."""
 
-    def trainer_device(self) -> torch.device: ...
+    def place(self, engine: RolloutEngine) -> RolloutEngine:
+        """The engine the runner should use: `engine` itself, or a handle to copies of it placed elsewhere."""
+        ...
+
+    def engine_needs_sleep_mode(self) -> bool: ...
+
+    def trainer_device(self) -> torch.device:
+        """Valid once the engine is connected (where engines went decides what is left)."""
+        ...
 
     def before_rollout(self, engine: RolloutEngine) -> None: ...
 
     def before_train(self, engine: RolloutEngine) -> None: ...
+
+    def before_sync(self, engine: RolloutEngine) -> None: ...
+
+    def close(self) -> None:
+        """Release what `place` started (processes, actors)."""
+        ...
 
 
 @runtime_checkable

@@ -19,6 +19,9 @@ def summary_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
         f" | gen {metrics.get('rollout/tokens_per_s', 0.0):.0f} tok/s"
         f" | step {metrics.get('time/step_s', 0.0):.1f}s"
         f" | sync {metrics.get('sync/total_s', 0.0) * 1000:.0f}ms v{int(metrics.get('policy/version', 0))}"
+        f" | lag {metrics.get('async/staleness_mean', 0.0):.1f} queue {int(metrics.get('async/queue_depth', 0))}"
+        f" dropped {int(metrics.get('async/groups_dropped_total', 0))}"
+        f" | wait {metrics.get('async/trainer_wait_s', 0.0):.1f}s"
     )
 
 
@@ -51,7 +54,8 @@ class StepProgress:
         stats = (
             f"reward {metrics.get('train/reward/mean', float('nan')):.3f} "
             f"acc {metrics.get('train/accuracy', float('nan')):.2f} "
-            f"{metrics.get('rollout/tokens_per_s', 0.0):.0f} tok/s"
+            f"{metrics.get('rollout/tokens_per_s', 0.0):.0f} tok/s "
+            f"lag {metrics.get('async/staleness_mean', 0.0):.1f}"
         )
         self._progress.update(self._task, completed=step, stats=stats)
         log.info(summary_line(step, self.total, metrics))

@@ -47,6 +47,19 @@ class Completion:
 
 
 @dataclass(frozen=True)
+class GeneratedBatch:
+    """What one generation call returned, with when the engine worked on it (wall clock, `time.time()`)."""
+
+    completions: list[list[Completion]]  # [prompts][samples]
+    started_s: float
+    finished_s: float
+
+    def result(self) -> GeneratedBatch:
+        """A finished batch is its own pending handle (engines that generate in place return it)."""
+        return self
+
+
+@dataclass(frozen=True)
 class RolloutGroup:
     """All completions sampled for one task: the unit GRPO normalises advantages over."""
 

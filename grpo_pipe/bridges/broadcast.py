@@ -17,8 +17,7 @@ from typing import Any, Literal
 import torch
 
 from grpo_pipe.bridges.collective import broadcast, host_store, open_group, pack, plan_buckets
-from grpo_pipe.interfaces import Policy
-from grpo_pipe.rollout.vllm_engine import VllmEngine
+from grpo_pipe.interfaces import Policy, WorkerRpcEngine
 from grpo_pipe.types import SyncStats
 
 RECEIVER = "grpo_pipe.bridges.weight_receiver.WeightReceiverExtension"
@@ -64,7 +63,7 @@ class BroadcastBridge:
         self.bucket_bytes = bucket_mb * 2**20
         self.host = host
         self.timeout_s = timeout_s
-        self.engine: VllmEngine | None = None
+        self.engine: Any = None
         self._group: Any = None
         self._store: Any = None
 
@@ -76,8 +75,8 @@ class BroadcastBridge:
 
     def check(self, engine: object, policy: object) -> list[str]:
         problems = []
-        if not isinstance(engine, VllmEngine):
-            problems.append(f"weight_bridge=nccl needs rollout=vllm, got {type(engine).__name__}")
+        if not isinstance(engine, WorkerRpcEngine):
+            problems.append(f"weight_bridge=nccl needs an engine whose workers run bridge code, got {type(engine).__name__}")
         if self.resolved_backend == "nccl" and not torch.cuda.is_available():
             problems.append("weight_bridge.backend=nccl needs CUDA GPUs; use backend=gloo (or auto) on CPU")
         return problems
@@ -85,12 +84,17 @@ class BroadcastBridge:
     def engine_options(self) -> dict[str, Any]:
         return {"worker_extension_cls": RECEIVER}
 
-    def connect(self, engine: VllmEngine, policy: Any) -> None:
+    def connect(self, engine: Any, policy: Any) -> None:
         self.engine = engine
-        self._store = host_store(self.host, self.timeout_s)
+        world_size = 1 + engine.worker_count()  # one broadcast reaches every engine worker at once
+        self._store = host_store(self.host, self.timeout_s, world_size)
         port = self._store.port
-        joining = _Call(lambda: engine.call_workers("grpo_open_weight_group", self.resolved_backend, self.host, port, self.timeout_s))
-        self._group = open_group(self._store, self.resolved_backend, self.timeout_s)
+        joining = _Call(
+            lambda: engine.call_workers(
+                "grpo_open_weight_group", self.resolved_backend, self.host, port, self.timeout_s, world_size
+            )
+        )
+        self._group = open_group(self._store, self.resolved_backend, self.timeout_s, world_size)
         joining.wait(self.timeout_s)
 
     def push(self, policy: Policy, version: int) -> SyncStats:
@@ -109,21 +113,21 @@ class BroadcastBridge:
             cursor += len(bucket.specs)
             broadcast(self._group, pack(tensors))
         sent = time.perf_counter()
-        report = receiving.wait(self.timeout_s)[0]
+        reports = receiving.wait(self.timeout_s)  # one per engine worker
         engine.after_external_weight_update()
         done = time.perf_counter()
         engine.served_version = version
         return SyncStats(
             gather_s=gathered - started,
             transport_s=sent - gathered,
-            load_s=float(report["load_s"]),
+            load_s=max(float(r["load_s"]) for r in reports),
             pause_s=done - started,
-            bytes_moved=int(report["bytes"]),
+            bytes_moved=int(sum(r["bytes"] for r in reports)),
             policy_version=version,
         )
 
     def close(self) -> None:
-        if self.engine is not None and self.engine.llm is not None and self._group is not None:
+        if self.engine is not None and self.engine.is_running() and self._group is not None:
             try:
                 self.engine.call_workers("grpo_close_weight_group", timeout_s=self.timeout_s)
             except Exception:  # the engine may already be gone; nothing left to release here

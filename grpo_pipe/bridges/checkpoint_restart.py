@@ -12,8 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_pipe.bridges.files import copy_tokenizer_files, folder_bytes, replace_atomically
-from grpo_pipe.interfaces import Policy
-from grpo_pipe.rollout.vllm_engine import VllmEngine
+from grpo_pipe.interfaces import Policy, RolloutEngine
 from grpo_pipe.types import SyncStats
 
 
@@ -24,21 +23,21 @@ class CheckpointRestartBridge:
         self.sync_every = sync_every
         self.keep_last = keep_last
         self.directory = directory
-        self.engine: VllmEngine | None = None
+        self.engine: RolloutEngine | None = None
         self._root: Path | None = None
         self._owns_root = False
         self._source: Path | None = None  # the original model folder: tokenizer files come from it
         self._written: list[Path] = []
 
     def check(self, engine: object, policy: object) -> list[str]:
-        if not isinstance(engine, VllmEngine):
-            return [f"weight_bridge=checkpoint needs rollout=vllm, got {type(engine).__name__}"]
+        if not isinstance(engine, RolloutEngine):
+            return [f"weight_bridge=checkpoint needs a rollout engine, got {type(engine).__name__}"]
         return []
 
     def engine_options(self) -> dict[str, Any]:
         return {}
 
-    def connect(self, engine: VllmEngine, policy: Any) -> None:
+    def connect(self, engine: RolloutEngine, policy: Any) -> None:
         self.engine = engine
         self._source = engine.model_path
         if self.directory is None:

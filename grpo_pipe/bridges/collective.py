@@ -1,4 +1,4 @@
-"""A private two-party process group between the trainer (rank 0) and an engine worker (rank 1).
+"""A private process group between the trainer (rank 0) and the engine workers (ranks 1..N).
 
 Built from c10d directly (TCPStore + ProcessGroupGloo/NCCL), so it never touches the default
 process group that vLLM and the trainer may use for themselves. Every collective has a timeout:
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 TRAINER_RANK = 0
-WORLD_SIZE = 2
+_RANK_COUNTER = "grpo_pipe/next_engine_rank"
 
 
 @dataclass(frozen=True)
@@ -77,31 +77,37 @@ def unpack(flat: torch.Tensor, bucket: Bucket) -> list[tuple[str, torch.Tensor]]
     return out
 
 
-def host_store(host: str, timeout_s: float) -> dist.TCPStore:
+def host_store(host: str, timeout_s: float, world_size: int) -> dist.TCPStore:
     """The trainer's rendezvous store on a free port (read it from `store.port`); returns at once."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    return dist.TCPStore(host, 0, WORLD_SIZE, True, timeout=timeout, wait_for_workers=False)
+    return dist.TCPStore(host, 0, world_size, True, timeout=timeout, wait_for_workers=False)
 
 
-def open_group(store: dist.TCPStore, backend: str, timeout_s: float) -> dist.ProcessGroup:
-    """The trainer's side: blocks until the engine worker joins, or fails after `timeout_s`."""
-    return _group_on(store, backend, TRAINER_RANK, datetime.timedelta(seconds=timeout_s))
+def open_group(store: dist.TCPStore, backend: str, timeout_s: float, world_size: int) -> dist.ProcessGroup:
+    """The trainer's side: blocks until every engine worker joined, or fails after `timeout_s`."""
+    return _group_on(store, backend, TRAINER_RANK, world_size, datetime.timedelta(seconds=timeout_s))
 
 
-def join_group(backend: str, host: str, port: int, timeout_s: float) -> tuple[dist.ProcessGroup, dist.TCPStore]:
-    """The engine worker's side (rank 1)."""
+def join_group(
+    backend: str, host: str, port: int, timeout_s: float, world_size: int
+) -> tuple[dist.ProcessGroup, dist.TCPStore]:
+    """An engine worker's side. Ranks 1..N are handed out by the store in the order workers arrive,
+    so replicas need no rank of their own from the caller."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, WORLD_SIZE, False, timeout=timeout)
-    return _group_on(store, backend, 1, timeout), store
+    store = dist.TCPStore(host, port, world_size, False, timeout=timeout)
+    rank = int(store.add(_RANK_COUNTER, 1))
+    return _group_on(store, backend, rank, world_size, timeout), store
 
 
-def _group_on(store: dist.Store, backend: str, rank: int, timeout: datetime.timedelta) -> dist.ProcessGroup:
+def _group_on(
+    store: dist.Store, backend: str, rank: int, world_size: int, timeout: datetime.timedelta
+) -> dist.ProcessGroup:
     if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, WORLD_SIZE, timeout)
+        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
     if backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, WORLD_SIZE, options)
+        return dist.ProcessGroupNCCL(store, rank, world_size, options)
     raise ValueError(f"backend={backend!r}; allowed: 'gloo', 'nccl'")
 
 

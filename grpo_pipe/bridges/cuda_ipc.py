@@ -72,7 +72,7 @@ class CudaIpcBridge:
                 "memory); on this machine use weight_bridge=reload, lora, nccl or checkpoint"
             )
         if not isinstance(engine, VllmEngine) or not engine.in_process:
-            problems.append("weight_bridge=ipc needs rollout=vllm with rollout.in_process=true")
+            problems.append("weight_bridge=ipc needs an in-process vLLM engine (placement=colocated, rollout.in_process=true)")
         if not isinstance(policy, FullFinetunePolicy):
             problems.append(f"weight_bridge=ipc needs policy=full, got {type(policy).__name__}")
         return problems

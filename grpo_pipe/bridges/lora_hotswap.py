@@ -16,7 +16,7 @@ from typing import Any
 
 from grpo_pipe import env
 from grpo_pipe.bridges.files import folder_bytes, replace_atomically
-from grpo_pipe.rollout.vllm_engine import VllmEngine
+from grpo_pipe.interfaces import AdapterEngine
 from grpo_pipe.trainer.policy import LoraPolicy
 from grpo_pipe.types import SyncStats
 
@@ -30,14 +30,14 @@ class LoraHotSwapBridge:
         self.sync_every = sync_every
         self.max_lora_rank = max_lora_rank
         self.max_loras = max_loras
-        self.engine: VllmEngine | None = None
+        self.engine: Any = None
         self._root: Path | None = None
         self._live: list[int] = []  # adapter ids loaded in the engine, oldest first
 
     def check(self, engine: object, policy: object) -> list[str]:
         problems = []
-        if not isinstance(engine, VllmEngine):
-            problems.append(f"weight_bridge=lora needs rollout=vllm, got {type(engine).__name__}")
+        if not isinstance(engine, AdapterEngine):
+            problems.append(f"weight_bridge=lora needs an engine that serves LoRA adapters, got {type(engine).__name__}")
         if not isinstance(policy, LoraPolicy):
             problems.append(f"weight_bridge=lora needs policy=lora, got {type(policy).__name__}")
         elif policy.rank > self.max_lora_rank:
@@ -47,7 +47,7 @@ class LoraHotSwapBridge:
     def engine_options(self) -> dict[str, Any]:
         return {"enable_lora": True, "max_lora_rank": self.max_lora_rank, "max_loras": self.max_loras}
 
-    def connect(self, engine: VllmEngine, policy: Any) -> None:
+    def connect(self, engine: Any, policy: Any) -> None:
         self.engine = engine
         # RAM-backed when possible: the adapter is written and read back once per sync.
         self._root = Path(tempfile.mkdtemp(prefix="grpo_pipe-lora-", dir=env.fast_scratch_dir()))

@@ -24,9 +24,15 @@ class InProcessReloadBridge:
     def check(self, engine: object, policy: object) -> list[str]:
         """Problems with this engine, reported with the rest of the config errors."""
         if not isinstance(engine, VllmEngine):
-            return [f"weight_bridge=reload needs rollout=vllm, got {type(engine).__name__}"]
+            return [
+                f"weight_bridge=reload needs an in-process vLLM engine (placement=colocated, rollout=vllm), "
+                f"got {type(engine).__name__}; for an engine elsewhere use weight_bridge=nccl, lora or checkpoint"
+            ]
         if not engine.in_process:
-            return ["weight_bridge=reload needs rollout.in_process=true (the engine must share the trainer's process)"]
+            return [
+                "weight_bridge=reload needs the engine in the trainer's process (placement=colocated, "
+                "rollout.in_process=true); for an engine elsewhere use weight_bridge=nccl, lora or checkpoint"
+            ]
         return []
 
     def engine_options(self) -> dict[str, Any]:

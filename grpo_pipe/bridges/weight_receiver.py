@@ -17,8 +17,8 @@ from grpo_pipe.bridges.collective import Bucket, broadcast, join_group, unpack
 class WeightReceiverExtension:
     """Methods added to the vLLM worker; `self` is the worker."""
 
-    def grpo_open_weight_group(self, backend: str, host: str, port: int, timeout_s: float) -> None:
-        self._grpo_group, self._grpo_store = join_group(backend, host, port, timeout_s)
+    def grpo_open_weight_group(self, backend: str, host: str, port: int, timeout_s: float, world_size: int) -> None:
+        self._grpo_group, self._grpo_store = join_group(backend, host, port, timeout_s, world_size)
 
     def grpo_receive_weights(self, wire_plan: list[dict]) -> dict[str, float]:
         """Receive every bucket and load it. Returns bytes received and the receive / load times.

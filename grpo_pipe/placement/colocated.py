@@ -19,6 +19,9 @@ class ColocatedPlacement:
         self.sleep_level = sleep_level
         self._asleep = False
 
+    def place(self, engine: RolloutEngine) -> RolloutEngine:
+        return engine  # the engine lives right here, in the trainer's process
+
     def trainer_device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
@@ -40,3 +43,6 @@ class ColocatedPlacement:
         if self._asleep:
             engine.wake_up()
             self._asleep = False
+
+    def close(self) -> None:
+        pass  # started nothing of its own

@@ -16,7 +16,7 @@ from typing import Any, Literal
 import torch
 
 from grpo_pipe import env
-from grpo_pipe.types import Completion, RequestTelemetry, SamplingSettings
+from grpo_pipe.types import Completion, GeneratedBatch, RequestTelemetry, SamplingSettings
 
 log = logging.getLogger(__name__)
 
@@ -50,21 +50,32 @@ def _reload_in_process(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> 
 
 
 def _telemetry(output: Any, generated: int) -> RequestTelemetry:
+    """The request's own numbers. With n > 1 samples vLLM runs one child request per sample but reports
+    the timestamps and prefix-cache hits of the last child to finish, so a group's samples share them.
+    Engine-core timestamps are monotonic and left at 0.0 when not recorded: 0.0 means unknown."""
     metrics = getattr(output, "metrics", None)
     return RequestTelemetry(
         prompt_tokens=len(output.prompt_token_ids or ()),
         generated_tokens=generated,
         cached_prompt_tokens=int(getattr(output, "num_cached_tokens", 0) or 0),
-        queued_s=getattr(metrics, "queued_ts", None),
-        first_token_s=getattr(metrics, "first_token_ts", None),
-        last_token_s=getattr(metrics, "last_token_ts", None),
+        queued_s=getattr(metrics, "queued_ts", None) or None,
+        first_token_s=getattr(metrics, "first_token_ts", None) or None,
+        last_token_s=getattr(metrics, "last_token_ts", None) or None,
     )
 
 
 def _spec_acceptance(completion: Any) -> float | None:
+    """Accepted / proposed draft tokens of one sample; None when the engine reported no spec-decode metrics.
+
+    vLLM >= 0.28 (with `per_request_spec_decode_metrics`) attaches a `RequestSpecDecodeMetrics` to each
+    sample's final output: an acceptance histogram and `num_draft_tokens`, with the rate only in its
+    `to_dict()` (0.0 when nothing was proposed). A plain dict with the same keys is read as is.
+    """
     spec = getattr(completion, "spec_decode_metrics", None)
     if spec is None:
         return None
+    if hasattr(spec, "to_dict"):
+        spec = spec.to_dict()
     rate = spec.get("draft_acceptance_rate") if isinstance(spec, dict) else getattr(spec, "draft_acceptance_rate", None)
     return None if rate is None else float(rate)
 
@@ -131,8 +142,12 @@ class VllmEngine:
         else:
             kwargs["kv_cache_memory_bytes"] = int(self.kv_cache_gib * 2**30)
         if self.speculative_config:
+            from vllm.engine.arg_utils import EngineArgs
+
             kwargs["speculative_config"] = self.speculative_config
-            kwargs["per_request_spec_decode_metrics"] = "summary"
+            # Per-request acceptance exists from vLLM 0.28 (CPU has 0.32); 0.26 (GPU) would refuse the option.
+            if "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__:
+                kwargs["per_request_spec_decode_metrics"] = "summary"
         return {**kwargs, **self.extra_options}
 
     @property
@@ -183,6 +198,20 @@ class VllmEngine:
             lora_request=self.lora_request,
         )
         return [self._completions(output) for output in outputs]
+
+    def submit(
+        self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
+    ) -> GeneratedBatch:
+        """This engine lives in the caller's process: generation runs now and is finished on return."""
+        started = time.time()
+        completions = self.generate(prompts, samples, sampling)
+        return GeneratedBatch(completions, started, time.time())
+
+    def is_running(self) -> bool:
+        return self.llm is not None
+
+    def worker_count(self) -> int:
+        return 1  # one worker: tensor and pipeline parallelism are not configured
 
     def _completions(self, output: Any) -> list[Completion]:
         completions = []

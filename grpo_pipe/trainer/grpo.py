@@ -59,11 +59,18 @@ class GRPOTrainer:
         kl_coef: float = 0.0,
         dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
         max_bad_steps: int = 3,
+        max_staleness: int = 0,
+        stale_policy: Literal["pace", "drop"] = "pace",
+        is_cap: float | None = None,
     ) -> None:
         if steps < 1:
             raise ValueError(f"trainer.steps={steps}: must be >= 1")
         if micro_batch_size < 1:
             raise ValueError(f"trainer.micro_batch_size={micro_batch_size}: must be >= 1")
+        if max_staleness < 0:
+            raise ValueError(f"trainer.max_staleness={max_staleness}: must be >= 0 (0 = on-policy, the synchronous loop)")
+        if is_cap is not None and is_cap <= 0:
+            raise ValueError(f"trainer.is_cap={is_cap}: must be > 0, or null for ratio clipping against the sampler")
         if kl_coef > 0:
             raise ValueError("trainer.kl_coef > 0 needs a reference model, which is not wired in yet; use 0.0")
         self.policy = policy
@@ -82,6 +89,9 @@ class GRPOTrainer:
         self.kl_coef = kl_coef
         self.dtype_name = dtype
         self.max_bad_steps = max_bad_steps
+        self.max_staleness = max_staleness  # policy versions a sample's weights may lag the trainer's
+        self.stale_policy = stale_policy  # pace: never generate too far ahead; drop: discard what got too old
+        self.is_cap = is_cap
         self.version = 0  # bumped by every applied optimizer update
         self.bad_steps_in_a_row = 0
         self.device = torch.device("cpu")
@@ -160,6 +170,7 @@ class GRPOTrainer:
                 clip_high=self.clip_high,
                 total_sequences=total,
                 max_tokens=max_tokens,
+                is_cap=self.is_cap,
             )
             loss.backward()
             loss_sum += float(loss.detach())

@@ -10,6 +10,12 @@ How this departs from the GRPO paper (Shao et al., 2024):
    `normalize_std=False`.
 4. Losses are returned pre-scaled by the *whole* batch's normaliser so that micro-batch losses can
    simply be summed by gradient accumulation and give exactly the full-batch gradient.
+5. With `is_cap` set, stale samples (async rollouts) are corrected by truncated importance sampling
+   instead: the clipped surrogate is taken against the trainer's own current weights (the proximal
+   policy, as in decoupled PPO: with one update per batch its ratio is 1 with the gradient of
+   log pi), and each token is weighted by min(pi_trainer / pi_sampler, is_cap), detached. Clipping
+   against the sampler would zero the gradient of every token the policy has since moved away from;
+   truncation keeps the gradient and bounds the variance.
 """
 
 from __future__ import annotations
@@ -62,14 +68,20 @@ def policy_loss(
     max_tokens: int,  # dr_grpo's constant per-sequence normaliser
     ref_logprobs: torch.Tensor | None = None,  # [B, T] when a KL penalty is used
     kl_coef: float = 0.0,
+    is_cap: float | None = None,  # truncated importance sampling against the sampler (see 5. above)
 ) -> tuple[torch.Tensor, LossStats]:
     """Clipped-surrogate loss for one micro-batch, scaled for summing over micro-batches."""
     mask = mask.to(new_logprobs.dtype)
-    ratio = torch.exp(new_logprobs - old_logprobs)  # [B, T]
+    if is_cap is None:
+        ratio = torch.exp(new_logprobs - old_logprobs)  # [B, T] against the sampler
+        weight = torch.ones_like(ratio)  # [B, T]
+    else:
+        ratio = torch.exp(new_logprobs - new_logprobs.detach())  # [B, T] against the proximal policy: 1
+        weight = torch.exp(new_logprobs.detach() - old_logprobs).clamp(max=is_cap)  # [B, T] truncated IS
     adv = advantages.unsqueeze(1)  # [B, 1]
     unclipped = ratio * adv  # [B, T]
     clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv  # [B, T]
-    per_token = -torch.minimum(unclipped, clipped)  # [B, T] pessimistic bound, as PPO
+    per_token = -weight * torch.minimum(unclipped, clipped)  # [B, T] pessimistic bound, as PPO
     kl = torch.zeros_like(per_token)
     if ref_logprobs is not None and kl_coef > 0:
         log_ratio_ref = ref_logprobs - new_logprobs  # [B, T]
@@ -88,6 +100,6 @@ def policy_loss(
             clipped_tokens=float(was_clipped.sum()),
             tokens=float(mask.sum()),
             kl_sum=float((kl * mask).sum()),
-            ratio_max=float((ratio * mask).max()) if mask.any() else 1.0,
+            ratio_max=float((torch.exp(new_logprobs.detach() - old_logprobs) * mask).max()) if mask.any() else 1.0,
         )
     return loss, stats

@@ -59,6 +59,7 @@ def train_sync_and_compare(cfg: DictConfig, saved: Path, fresh_from: str = "merg
     finally:
         bridge.close()
         engine.shutdown()
+        parts["placement"].close()
     fresh_engine = instantiate(cfg.rollout, _convert_="all")
     if fresh_from == "adapter":
         fresh_engine.connect(model_path, bridge.engine_options())

@@ -27,8 +27,8 @@ def test_buckets_pack_and_unpack_exactly() -> None:
 
 
 def test_a_peer_that_never_joins_is_an_error_within_the_timeout() -> None:
-    store = host_store("127.0.0.1", timeout_s=2.0)
+    store = host_store("127.0.0.1", timeout_s=2.0, world_size=2)
     started = time.perf_counter()
     with pytest.raises(Exception):
-        open_group(store, "gloo", timeout_s=2.0)
+        open_group(store, "gloo", timeout_s=2.0, world_size=2)
     assert time.perf_counter() - started < 15

@@ -1,0 +1,199 @@
+"""vLLM engines in Ray actors, driven from the trainer's process as one `RolloutEngine`.
+
+Each replica is an actor holding a `VllmEngine` (in-process inside the actor) on its own devices.
+Ray runs one actor's calls one at a time, in the order the caller made them: a generation
+submitted after a weight sync runs on the new weights, and a sync waits for the generations
+submitted before it. The async loop and every bridge rely on exactly that ordering, so nothing here
+needs a lock. Prompts are split into contiguous shares across replicas and the answers are put back
+in prompt order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from grpo_pipe.rollout.vllm_engine import VllmEngine
+from grpo_pipe.types import GeneratedBatch, SamplingSettings
+
+log = logging.getLogger(__name__)
+
+
+class EngineHost:
+    """The actor's body: one `VllmEngine` living in the actor's process."""
+
+    def __init__(self, engine: VllmEngine, log_levels: dict[str, int]) -> None:
+        engine.in_process = True  # in the actor's process: no further engine subprocess
+        self.engine = engine
+        for name, level in log_levels.items():  # the driver's logging config does not reach this process
+            logging.getLogger(name).setLevel(level)
+
+    def connect(self, model_path: str, options: dict[str, Any] | None) -> None:
+        self.engine.connect(Path(model_path), options)
+
+    def submit(self, prompts: list[list[int]], samples: list[int], sampling: SamplingSettings) -> GeneratedBatch:
+        return self.engine.submit(prompts, samples, sampling)
+
+    def set_served_version(self, version: int) -> None:
+        self.engine.served_version = version
+
+    def call_workers(self, method: str, args: tuple[Any, ...], timeout_s: float | None) -> list[Any]:
+        return self.engine.call_workers(method, *args, timeout_s=timeout_s)
+
+    def after_external_weight_update(self) -> None:
+        self.engine.after_external_weight_update()
+
+    def use_adapter(self, name: str, adapter_id: int, folder: str) -> None:
+        self.engine.use_adapter(name, adapter_id, Path(folder))
+
+    def retire_adapter(self, adapter_id: int) -> None:
+        self.engine.retire_adapter(adapter_id)
+
+    def sleep(self, level: int) -> None:
+        self.engine.sleep(level)
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+    def where(self) -> dict[str, Any]:
+        """The actor's process id and the GPU ids Ray gave it (physical ids as the driver sees them)."""
+        import ray
+
+        return {"pid": os.getpid(), "gpu_ids": [int(g) for g in ray.get_gpu_ids()]}
+
+
+@dataclass
+class PendingFleetRollout:
+    """One generation call spread over the replicas; `result()` waits and restores prompt order."""
+
+    refs: list[Any]  # one Ray ObjectRef per replica that got prompts
+
+    def result(self) -> GeneratedBatch:
+        import ray
+
+        parts: list[GeneratedBatch] = ray.get(self.refs)
+        completions = [group for part in parts for group in part.completions]
+        return GeneratedBatch(completions, min(p.started_s for p in parts), max(p.finished_s for p in parts))
+
+
+class RayEngineFleet:
+    """`num_engines` replicas of one engine spec, each in its own Ray actor."""
+
+    in_process = False  # the engines' models live in other processes
+
+    def __init__(self, template: VllmEngine, start_actors: Callable[[VllmEngine], list[Any]]) -> None:
+        self.template = template
+        self._start_actors = start_actors  # the placement decides where replicas go
+        self.actors: list[Any] = []
+        self.model_path: Path | None = None
+        self._version = 0
+        self._running = False
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        return self.template.weight_dtype
+
+    @property
+    def served_version(self) -> int:
+        return self._version
+
+    @served_version.setter
+    def served_version(self, version: int) -> None:
+        self._version = version
+        self._all("set_served_version", version)
+
+    def connect(self, model_path: Path, options: dict[str, Any] | None = None) -> None:
+        if not self.actors:
+            self.actors = self._start_actors(self.template)
+        started = time.perf_counter()
+        self._all("connect", str(model_path), options)
+        self.model_path, self._running = Path(model_path), True
+        self._all("set_served_version", self._version)
+        log.info("%d engine replica(s) up in Ray actors in %.1fs", len(self.actors), time.perf_counter() - started)
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
+    ) -> list[list[Any]]:
+        return self.submit(prompts, samples, sampling).result().completions
+
+    def submit(
+        self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
+    ) -> PendingFleetRollout:
+        refs = []
+        for actor, (lo, hi) in zip(self.actors, _shares(len(prompts), len(self.actors))):
+            if hi > lo:
+                refs.append(actor.submit.remote([list(p) for p in prompts[lo:hi]], list(samples[lo:hi]), sampling))
+        return PendingFleetRollout(refs)
+
+    def call_workers(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
+        import ray
+
+        refs = [a.call_workers.remote(method, args, timeout_s) for a in self.actors]
+        return [r for per_actor in ray.get(refs, timeout=timeout_s) for r in per_actor]
+
+    def after_external_weight_update(self) -> None:
+        self._all("after_external_weight_update")
+
+    def use_adapter(self, name: str, adapter_id: int, folder: Path) -> None:
+        self._all("use_adapter", name, adapter_id, str(folder))
+
+    def retire_adapter(self, adapter_id: int) -> None:
+        self._all("retire_adapter", adapter_id)
+
+    def sleep(self, level: int) -> None:
+        self._all("sleep", level)
+
+    def wake_up(self) -> None:
+        self._all("wake_up")
+
+    def shutdown(self) -> None:
+        """Stop the engines; the actors stay (a checkpoint bridge restarts engines in them)."""
+        if self._running:
+            self._all("shutdown")
+            self._running = False
+
+    def is_running(self) -> bool:
+        return self._running
+
+    def worker_count(self) -> int:
+        return len(self.actors)
+
+    def where(self) -> list[dict[str, Any]]:
+        import ray
+
+        return ray.get([a.where.remote() for a in self.actors])
+
+    def _all(self, method: str, *args: Any) -> list[Any]:
+        import ray
+
+        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+
+
+def _shares(n: int, parts: int) -> list[tuple[int, int]]:
+    """Contiguous [lo, hi) ranges splitting n items over `parts` as evenly as possible."""
+    base, extra = divmod(n, parts)
+    bounds, lo = [], 0
+    for i in range(parts):
+        hi = lo + base + (1 if i < extra else 0)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
+
+
+def explicit_log_levels(prefix: str = "vllm") -> dict[str, int]:
+    """Levels set in this process's logging config for `prefix` loggers, to apply in actors too."""
+    levels = {}
+    for name, logger in logging.root.manager.loggerDict.items():
+        if name.startswith(prefix) and isinstance(logger, logging.Logger) and logger.level != logging.NOTSET:
+            levels[name] = logger.level
+    return levels

@@ -1,0 +1,166 @@
+"""Async rollouts with bounded staleness: generation runs ahead of training, never too far.
+
+A batch submitted now is generated with the latest *pushed* weights (engines apply calls in
+order) and trained on after every batch already in flight, so when it is trained the trainer is at
+least `trainer_version + in_flight` and the sample's lag is at most
+
+    staleness = trainer_version + in_flight - pushed_version
+
+`pace` (the default) submits only while that stays <= `max_staleness`: no sample ever exceeds
+the bound and none is wasted; `max_staleness=0` is exactly the synchronous loop (generate, train,
+sync, generate...). `drop` keeps `max_staleness + 2` batches in flight whatever the syncs do, so the
+engine never waits for the trainer, and discards (and counts) the groups that arrive too old.
+Dropping biases training toward prompts that are answered fast, which is why pacing is the default.
+
+Every group is accounted for exactly once: trained, dropped (with the reason), or still in flight
+when the run ended.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from grpo_pipe.interfaces import PendingRollout, RolloutEngine
+from grpo_pipe.types import GeneratedBatch, RolloutGroup, SamplingSettings, Task
+
+StalePolicy = Literal["pace", "drop"]
+
+
+@dataclass
+class _InFlight:
+    index: int  # 1-based submission order
+    tasks: list[Task]
+    prompts: list[tuple[int, ...]]
+    pending: PendingRollout
+
+
+@dataclass(frozen=True)
+class TakenBatch:
+    """The next batch to train on, and what it took to get it."""
+
+    groups: list[RolloutGroup]  # the groups to train on (stale ones removed under `drop`)
+    staleness: list[int]  # [len(groups)] policy versions each group's weights lag the trainer's
+    dropped: list[tuple[str, int]]  # (task uid, staleness) of groups discarded as too stale
+    generated: GeneratedBatch
+    wait_s: float  # how long the trainer waited for it
+    engine_gap_s: float  # how long the engine sat idle between the previous batch and this one
+    queue_depth: int  # batches in flight when it was taken (itself included)
+
+
+@dataclass
+class Ledger:
+    """Where every submitted group went. `trained + dropped + in_flight == submitted`, always."""
+
+    submitted: int = 0
+    trained: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> groups
+    in_flight: int = 0
+
+    def balanced(self) -> bool:
+        return self.trained + sum(self.dropped.values()) + self.in_flight == self.submitted
+
+
+class RolloutScheduler:
+    def __init__(
+        self,
+        engine: RolloutEngine,
+        next_batch: Callable[[], list[tuple[Task, int]]],
+        render: Callable[[Task], tuple[int, ...]],
+        sampling: SamplingSettings,
+        *,
+        total_steps: int,
+        max_staleness: int,
+        stale_policy: StalePolicy,
+    ) -> None:
+        if stale_policy not in ("pace", "drop"):
+            raise ValueError(f"trainer.stale_policy={stale_policy!r}; allowed: 'pace', 'drop'")
+        self.engine = engine
+        self.next_batch = next_batch
+        self.render = render
+        self.sampling = sampling
+        self.total_steps = total_steps
+        self.max_staleness = max_staleness
+        self.stale_policy = stale_policy
+        self.ledger = Ledger()
+        self.generation_intervals: list[tuple[float, float]] = []  # engine busy spans, wall clock
+        self._queue: deque[_InFlight] = deque()
+        self._submitted = 0
+        self._last_finished: float | None = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._queue)
+
+    def fill(self, trainer_version: int, pushed_version: int, steps_done: int) -> int:
+        """Submit every batch the policy allows now; returns how many were submitted."""
+        count = 0
+        while self._may_submit(trainer_version, pushed_version, steps_done):
+            self._submit()
+            count += 1
+        return count
+
+    def _may_submit(self, trainer_version: int, pushed_version: int, steps_done: int) -> bool:
+        if steps_done + len(self._queue) >= self.total_steps:
+            return False  # everything still needed is already on its way
+        if self.stale_policy == "pace":
+            return trainer_version + len(self._queue) - pushed_version <= self.max_staleness
+        return len(self._queue) < self.max_staleness + 2
+
+    def _submit(self) -> None:
+        batch = self.next_batch()  # [(task, samples)]
+        tasks = [task for task, _ in batch]
+        prompts = [self.render(task) for task in tasks]
+        pending = self.engine.submit(prompts, [n for _, n in batch], self.sampling)
+        self._submitted += 1
+        self._queue.append(_InFlight(self._submitted, tasks, prompts, pending))
+        self.ledger.submitted += len(tasks)
+        self.ledger.in_flight += len(tasks)
+
+    def take(self, trainer_version: int) -> TakenBatch:
+        """The oldest batch in flight (blocks until it is generated). Call `fill` first."""
+        if not self._queue:
+            raise RuntimeError("take() with nothing in flight: call fill() first")
+        depth = len(self._queue)
+        entry = self._queue.popleft()
+        waited = time.perf_counter()
+        generated = entry.pending.result()
+        wait_s = time.perf_counter() - waited
+        self.generation_intervals.append((generated.started_s, generated.finished_s))
+        gap = 0.0 if self._last_finished is None else max(generated.started_s - self._last_finished, 0.0)
+        self._last_finished = generated.finished_s
+        self.ledger.in_flight -= len(entry.tasks)
+        groups, staleness, dropped = [], [], []
+        for task, prompt, completions in zip(entry.tasks, entry.prompts, generated.completions):
+            lag = trainer_version - min(c.policy_version for c in completions)
+            if lag > self.max_staleness:
+                if self.stale_policy == "pace":  # the submit rule makes this impossible: a bug, not data
+                    raise RuntimeError(f"staleness {lag} > trainer.max_staleness={self.max_staleness} under pace")
+                dropped.append((task.uid, lag))
+                reason = f"staleness {lag} > max_staleness {self.max_staleness}"
+                self.ledger.dropped[reason] = self.ledger.dropped.get(reason, 0) + 1
+                continue
+            groups.append(RolloutGroup(task, prompt, tuple(completions)))
+            staleness.append(lag)
+        self.ledger.trained += len(groups)
+        return TakenBatch(groups, staleness, dropped, generated, wait_s, gap, depth)
+
+
+def covered_seconds(spans: Sequence[tuple[float, float]]) -> float:
+    """Length of the union of [start, end) spans."""
+    total, current_end = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end <= current_end:
+            continue
+        total += end - max(start, current_end)
+        current_end = end
+    return total
+
+
+def overlap_seconds(spans: Sequence[tuple[float, float]], others: Sequence[tuple[float, float]]) -> float:
+    """Time covered by both the union of `spans` and the union of `others`."""
+    both = [(max(a, c), min(b, d)) for a, b in spans for c, d in others if min(b, d) > max(a, c)]
+    return covered_seconds(both)
