@@ -22,6 +22,7 @@ def summary_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
         f" | lag {metrics.get('async/staleness_mean', 0.0):.1f} queue {int(metrics.get('async/queue_depth', 0))}"
         f" dropped {int(metrics.get('async/groups_dropped_total', 0))}"
         f" | wait {metrics.get('async/trainer_wait_s', 0.0):.1f}s"
+        + (f" | gpu {metrics['memory/device_used_gib']:.1f} GiB used" if "memory/device_used_gib" in metrics else "")
     )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from grpo_pipe.benchmarks.models import benchmark_model
+from grpo_pipe.models.random_architecture import benchmark_model
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.trainer.grpo import resolve_dtype
 from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy

@@ -63,3 +63,29 @@ def test_micro_batch_losses_sum_to_the_full_batch_loss() -> None:
     full, _ = policy_loss(new, old, adv, mask, **kw)
     parts = sum(float(policy_loss(new[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], **kw)[0]) for i in range(4))
     assert parts == pytest.approx(float(full), abs=1e-6)
+
+
+def _stale_token(is_cap: float | None) -> tuple[float, float]:
+    """One token the trainer now gives p=0.5 that the (stale) sampler drew with p=0.25; advantage 1."""
+    new = torch.log(torch.tensor([[0.5]])).requires_grad_(True)
+    old = torch.log(torch.tensor([[0.25]]))
+    loss, _ = policy_loss(
+        new, old, torch.tensor([1.0]), torch.ones(1, 1),
+        aggregation="grpo", clip_low=0.2, clip_high=0.28, total_sequences=1, max_tokens=1, is_cap=is_cap,
+    )
+    loss.backward()
+    return float(loss), float(new.grad)
+
+
+def test_ratio_clipping_against_the_sampler_zeroes_the_gradient_of_a_stale_token() -> None:
+    loss, grad = _stale_token(is_cap=None)
+    assert loss == pytest.approx(-1.28)  # ratio 2 clipped to 1 + 0.28
+    assert grad == 0.0  # clipped: the token teaches nothing
+
+
+def test_truncated_importance_sampling_keeps_the_gradient_with_a_capped_weight() -> None:
+    loss, grad = _stale_token(is_cap=1.5)
+    assert loss == pytest.approx(-1.5)  # weight min(0.5 / 0.25, 1.5) x ratio-to-self 1 x advantage 1
+    assert grad == pytest.approx(-1.5)  # d/dlogp of -1.5 * exp(logp - logp.detach())
+    loss, grad = _stale_token(is_cap=4.0)
+    assert (loss, grad) == (pytest.approx(-2.0), pytest.approx(-2.0))  # under the cap: the full weight 2

@@ -1,9 +1,11 @@
 """Random-initialised models of published architectures, for benchmarks where only shapes matter
-(sync cost and throughput do not depend on the weight values)."""
+(sync cost and throughput do not depend on the weight values). `model=random_architecture`
+trains one through the whole pipeline: its answers are noise, its speed and memory are real."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from grpo_pipe import env
 from grpo_pipe.models.cache import build_once
@@ -18,6 +20,16 @@ QWEN25 = {
     "qwen2.5-7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                        intermediate_size=18944, tie_word_embeddings=False),
 }
+
+
+class RandomArchitectureModel:
+    """A random-init model with a published architecture's shapes (tokenizer: the tiny model's)."""
+
+    def __init__(self, arch: Literal["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"] = "qwen2.5-1.5b") -> None:
+        self.arch = arch
+
+    def materialize(self) -> Path:
+        return benchmark_model(self.arch)
 
 
 def benchmark_model(name: str) -> Path:

@@ -1,0 +1,72 @@
+"""Benchmark: the same training, synchronous (`trainer.max_staleness=0`) and async (1, 2), in one run.
+
+Every variant trains the same number of steps on the same number of samples; the figure is the
+wall clock of the training loop per step (evaluation excluded) and its ratio to the synchronous one.
+
+    python -m grpo_pipe.benchmarks.async_loop --staleness 0,1,2 --steps 8 \\
+        placement=split weight_bridge=nccl model=tiny_random          # any config overrides follow
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+
+from grpo_pipe.pipeline import JobContext, run
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def run_variant(overrides: list[str], staleness: int, steps: int, out: Path) -> dict[str, Any]:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[*overrides, f"trainer.max_staleness={staleness}", f"trainer.steps={steps}", "logger=none"])
+    result = run(cfg, JobContext(output_dir=out / f"staleness{staleness}", run_name=f"async-{staleness}"))
+    loop_s = result.summary["summary/loop_s"]
+    return {
+        "max_staleness": staleness,
+        "steps": steps,
+        "loop_s": loop_s,
+        "step_s": loop_s / steps,
+        "overlap_fraction": result.summary["summary/overlap_fraction"],
+        "engine_idle_fraction": result.summary["summary/engine_idle_fraction"],
+        "trainer_idle_fraction": result.summary["summary/trainer_idle_fraction"],
+        "groups_trained": result.ledger.trained,
+        "groups_dropped": sum(result.ledger.dropped.values()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--staleness", default="0,1,2", help="max_staleness values; the first is the baseline")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument("overrides", nargs="*", help="config overrides, as on the grpo_pipe command line")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="grpo_pipe-async-bench-") as out:
+        for staleness in (int(s) for s in args.staleness.split(",")):
+            row = run_variant(args.overrides, staleness, args.steps, Path(out))
+            row["ratio_vs_first"] = rows[0]["step_s"] / row["step_s"] if rows else 1.0
+            rows.append(row)
+            print(format_row(row), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"overrides": args.overrides, "rows": rows}, indent=2))
+
+
+def format_row(row: dict[str, Any]) -> str:
+    return (
+        f"max_staleness={row['max_staleness']}  {row['step_s']:7.2f} s/step  speed-up vs first {row['ratio_vs_first']:.2f}x  "
+        f"overlap {row['overlap_fraction']:.2f}  engine idle {row['engine_idle_fraction']:.2f}  "
+        f"trainer idle {row['trainer_idle_fraction']:.2f}  trained {row['groups_trained']} dropped {row['groups_dropped']}"
+    )
+
+
+if __name__ == "__main__":
+    main()
