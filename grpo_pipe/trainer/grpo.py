@@ -62,6 +62,7 @@ class GRPOTrainer:
         max_staleness: int = 0,
         stale_policy: Literal["pace", "drop"] = "pace",
         is_cap: float | None = None,
+        skip_zero_advantage: bool = True,
     ) -> None:
         if steps < 1:
             raise ValueError(f"trainer.steps={steps}: must be >= 1")
@@ -92,6 +93,7 @@ class GRPOTrainer:
         self.max_staleness = max_staleness  # policy versions a sample's weights may lag the trainer's
         self.stale_policy = stale_policy  # pace: never generate too far ahead; drop: discard what got too old
         self.is_cap = is_cap
+        self.skip_zero_advantage = skip_zero_advantage
         self.version = 0  # bumped by every applied optimizer update
         self.bad_steps_in_a_row = 0
         self.device = torch.device("cpu")
@@ -137,7 +139,7 @@ class GRPOTrainer:
         )  # [N]
         advantages = group_advantages(reward_t, group_ids, self.normalize_std)  # [N]
         samples = flatten(groups, advantages.tolist())
-        active = [s for s in samples if s.advantage != 0.0 or self.kl_coef > 0]
+        active = [s for s in samples if s.advantage != 0.0 or self.kl_coef > 0 or not self.skip_zero_advantage]
         max_tokens = max((len(s.completion_ids) for s in samples), default=1)
         stats = self._accumulate(active, total=len(samples), max_tokens=max_tokens, temperature=temperature)
         return {
