@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from pathlib import Path
 
@@ -35,10 +36,13 @@ def main(cfg: DictConfig) -> None:
     from grpo_pipe.pipeline import run
 
     try:
-        run(cfg, job_context())
+        result = run(cfg, job_context())
     except ConfigError as err:
         log.error("%s", err)
         sys.exit(2)
+    if result.stopped_by is not None:  # stopped by a signal after a checkpoint: resumable, not finished
+        log.warning("Stopped by %s; continue with: python -m grpo_pipe resume=%s", result.stopped_by, job_context().output_dir)
+        sys.exit(128 + signal.Signals[result.stopped_by].value)
 
 
 if __name__ == "__main__":

@@ -205,7 +205,15 @@ class Placement(Protocol):
 class Tracker(Protocol):
     """Experiment tracking: params, metrics, artifacts."""
 
-    def start(self, run_name: str, tags: Mapping[str, str]) -> None: ...
+    run_id: str | None
+
+    def start(
+        self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None, resume_run_id: str | None = None
+    ) -> None: ...
+
+    def logged_steps(self, key: str) -> set[int]:
+        """Steps already logged for `key` (empty for a new run)."""
+        ...
 
     def log_params(self, params: Mapping[str, Any]) -> None: ...
 

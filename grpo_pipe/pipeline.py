@@ -14,22 +14,29 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_pipe import step_metrics
+from grpo_pipe.bridges.files import copy_tokenizer_files
+from grpo_pipe.checkpointing import Checkpoint, config_differences, find_resume_checkpoint
 from grpo_pipe.config.validate import ConfigError, validate_config
 from grpo_pipe.evaluation import evaluate
 from grpo_pipe.progress import StepProgress
 from grpo_pipe.prompts import render_prompt
-from grpo_pipe.rollout.scheduler import Ledger, RolloutScheduler, TakenBatch, covered_seconds, overlap_seconds
-from grpo_pipe.types import RewardOutput, RolloutGroup, SamplingSettings
+from grpo_pipe.rollout.scheduler import Ledger, RolloutScheduler, TakenBatch
+from grpo_pipe.stopping import StopRequest
+from grpo_pipe.types import SamplingSettings
 
 log = logging.getLogger(__name__)
 
 # Built in this order; `policy` is built inside `trainer` (trainer.policy: ${policy}).
-COMPONENT_GROUPS = ("run", "model", "data", "reward", "curriculum", "trainer", "rollout", "weight_bridge", "placement", "logger")
+COMPONENT_GROUPS = (
+    "run", "model", "data", "reward", "curriculum", "trainer", "rollout", "weight_bridge", "placement", "logger",
+    "checkpoint",
+)
 VALIDATED_GROUPS = COMPONENT_GROUPS + ("policy",)
+PLAIN_KEYS = ("resume", "resume_accept")  # top-level settings that are not components
 
 
 @dataclass(frozen=True)
@@ -44,7 +51,9 @@ class RunSettings:
     eval_every: int = 0
     eval_size: int = 64
     eval_max_new_tokens: int = 96
+    early_stop_patience: int = 0  # stop after this many evaluations without a new best; 0 = never
     samples_to_log: int = 16
+    seeded_sampling: bool = True  # every batch sampled with a seed derived from `seed`: reproducible, resumable
 
 
 @dataclass
@@ -63,11 +72,13 @@ class RunResult:
     final_eval: dict[str, float]
     model_path: Path
     ledger: Ledger  # where every generated group went: trained, dropped, or in flight at the end
+    summary: dict[str, float]  # the end-of-run metrics (eval, reward quarters, overlap, loop time)
+    stopped_by: str | None = None  # the signal that stopped the run early (a checkpoint was written)
 
 
 def build(cfg: DictConfig) -> dict[str, Any]:
     """Validate the whole config, then construct every component (cheap: nothing loads here)."""
-    validate_config(cfg, VALIDATED_GROUPS)
+    validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)
     parts: dict[str, Any] = {}
     for group in COMPONENT_GROUPS:
         log.info("Instantiating %s <%s>", group, cfg[group]._target_)
@@ -89,15 +100,28 @@ def build(cfg: DictConfig) -> dict[str, Any]:
 
 def run(cfg: DictConfig, job: JobContext) -> RunResult:
     parts = build(cfg)
+    resume_from = _resume_checkpoint(cfg, job)  # refuses a changed config before anything loads
     settings: RunSettings = parts["run"]
-    tracker = parts["logger"]
-    tracker.start(settings.name or job.run_name, tags={"grpo_pipe.output_dir": str(job.output_dir)}, sweep_dir=job.sweep_dir)
+    tracker, checkpoints = parts["logger"], parts["checkpoint"]
+    if resume_from is not None:
+        checkpoints.root = resume_from.path.parent  # one run, one checkpoint folder, however many resumes
+    else:
+        checkpoints.attach(job.output_dir)
+    resume_run_id = resume_from.loop_state()["mlflow_run_id"] if resume_from is not None else None
+    tracker.start(
+        settings.name or job.run_name,
+        tags={"grpo_pipe.output_dir": str(job.output_dir)},
+        sweep_dir=job.sweep_dir,
+        resume_run_id=resume_run_id,
+    )
     status = "FAILED"
     try:
-        tracker.log_params(_flatten(OmegaConf.to_container(cfg, resolve=True)))
-        _log_hydra_files(tracker, job.output_dir)
-        result = _train(cfg, parts, settings, tracker, job.output_dir)
-        status = "FINISHED"
+        if resume_from is None:
+            tracker.log_params(_flatten(OmegaConf.to_container(cfg, resolve=True)))
+            _log_hydra_files(tracker, job.output_dir)
+        with StopRequest() as stop:
+            result = _train(cfg, parts, job.output_dir, resume_from, stop)
+        status = "KILLED" if result.stopped_by else "FINISHED"
         log.info(tracker.describe())
         return result
     except KeyboardInterrupt:
@@ -110,31 +134,109 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
         tracker.close(status)
 
 
+def _resume_checkpoint(cfg: DictConfig, job: JobContext) -> Checkpoint | None:
+    if cfg.get("resume") is None:
+        return None
+    try:
+        found = find_resume_checkpoint(str(cfg.resume), job.output_dir.parent)
+    except FileNotFoundError as err:
+        raise ConfigError([str(err)]) from None
+    saved = OmegaConf.to_container(OmegaConf.create(found.config_yaml()))
+    current = OmegaConf.to_container(cfg, resolve=True)
+    accepted = set(cfg.get("resume_accept") or [])
+    changed = [
+        key for key in config_differences(saved, current)
+        if key.split(".")[0] not in PLAIN_KEYS + ("hydra",) and not any(key == a or key.startswith(a + ".") for a in accepted)
+    ]
+    if changed:
+        raise ConfigError([
+            f"resume={cfg.resume}: the config differs from the checkpoint's ({found.path}) in: {', '.join(changed)}; "
+            f"to accept, add resume_accept=[{','.join(changed)}]"
+        ])
+    log.info("Resuming from %s (step %d)", found.path, found.step)
+    return found
+
+
 @dataclass
 class _LoopState:
-    """What the loop carries from step to step."""
+    """What the loop carries from step to step (and what a checkpoint records of it)."""
 
     pushed_version: int = 0  # the newest policy version the engine has been given
     train_spans: list[tuple[float, float]] = field(default_factory=list)  # wall clock, trainer busy
     wait_s: float = 0.0  # trainer time spent waiting for rollouts
     table: list[dict[str, Any]] = field(default_factory=list)
+    step_rewards: list[float] = field(default_factory=list)  # mean reward per step, from step 1
+    eval_history: list[tuple[int, float]] = field(default_factory=list)  # (step, best_metric value)
+    evals_without_improvement: int = 0
 
 
-def _train(cfg: DictConfig, parts: dict[str, Any], settings: RunSettings, tracker: Any, output_dir: Path) -> RunResult:
+@dataclass
+class _Run:
+    """The live objects of one training run."""
+
+    parts: dict[str, Any]
+    settings: RunSettings
+    model_path: Path
+    tokenizer: Any
+    scheduler: RolloutScheduler
+    eval_prompts: list[tuple[int, ...]]
+    eval_tasks: list[Any]
+    state: _LoopState
+
+    def evaluate(self) -> dict[str, float]:
+        self.parts["placement"].before_rollout(self.parts["rollout"])
+        return evaluate(self.parts["rollout"], self.eval_prompts, self.eval_tasks, self.settings.eval_max_new_tokens)
+
+
+def _train(
+    cfg: DictConfig, parts: dict[str, Any], output_dir: Path, resume_from: Checkpoint | None, stop: StopRequest
+) -> RunResult:
+    live = _start(parts)
+    settings, trainer, tracker, curriculum = live.settings, parts["trainer"], parts["logger"], parts["curriculum"]
+    first_step = 1 if resume_from is None else _restore(live, resume_from)
+    if resume_from is None:
+        first_eval = live.evaluate()
+        tracker.log_metrics(first_eval, step=0)
+        _note_eval(live, 0, first_eval)
+        log.info("Before training: %s", _fmt(first_eval))
+    already_logged = tracker.logged_steps("policy/version")  # steps a crashed run logged past its checkpoint
+    stopped_by: str | None = None
+    loop_started = time.time()
+    with StepProgress(trainer.steps, first_step=first_step - 1) as progress:
+        for step in range(first_step, trainer.steps + 1):
+            metrics = _one_step(step, parts, live.scheduler, live.state, settings.samples_to_log)
+            early_stop = _maybe_evaluate(live, step, metrics)
+            if step not in already_logged:
+                tracker.log_metrics(metrics, step=step)
+            for report in curriculum.take_reports(output_dir / "curriculum"):
+                tracker.log_artifact(report, "curriculum")
+            live.state.step_rewards.append(metrics["train/reward/mean"])
+            progress.update(step, metrics)
+            stopped_by = stop.reason or ("early_stopping" if early_stop else None)
+            if parts["checkpoint"].due(step, trainer.steps) or stopped_by:
+                _save_checkpoint(live, cfg, step)
+            if stopped_by:
+                log.warning("Stopping after step %d (%s)", step, stopped_by)
+                break
+    return _finish(live, time.time() - loop_started, stopped_by if stopped_by != "early_stopping" else None)
+
+
+def _start(parts: dict[str, Any]) -> _Run:
+    """Load the model, start the engine and the trainer, connect the bridge."""
     data, curriculum, trainer = parts["data"], parts["curriculum"], parts["trainer"]
-    engine, bridge, placement, reward = parts["rollout"], parts["weight_bridge"], parts["placement"], parts["reward"]
+    engine, bridge, placement, settings = parts["rollout"], parts["weight_bridge"], parts["placement"], parts["run"]
     model_path = parts["model"].materialize()
     tokenizer = _tokenizer(model_path)
     curriculum.attach(data.train_tasks())
     eval_tasks = list(data.eval_tasks())[: settings.eval_size]
     eval_prompts = [render_prompt(tokenizer, data.system_prompt, t) for t in eval_tasks]
-    tracker.log_metrics({"data/skipped_rows": float(len(getattr(data, "skipped", ())))}, step=0)
-
+    parts["logger"].log_metrics({"data/skipped_rows": float(len(getattr(data, "skipped", ())))}, step=0)
     engine.connect(model_path, bridge.engine_options())
-    reward.setup(model_path, engine.weight_dtype)
+    parts["reward"].setup(model_path, engine.weight_dtype)
     trainer.setup(model_path, placement.trainer_device(), pad_id=tokenizer.pad_token_id or 0)
     bridge.connect(engine, trainer.policy)
-    sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens)
+    seed = settings.seed if settings.seeded_sampling else None
+    sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens, seed)
     scheduler = RolloutScheduler(
         engine,
         curriculum.next_batch,
@@ -144,31 +246,100 @@ def _train(cfg: DictConfig, parts: dict[str, Any], settings: RunSettings, tracke
         max_staleness=trainer.max_staleness,
         stale_policy=trainer.stale_policy,
     )
+    return _Run(parts, settings, model_path, tokenizer, scheduler, eval_prompts, eval_tasks, _LoopState())
 
-    first_eval = evaluate(engine, eval_prompts, eval_tasks, settings.eval_max_new_tokens)
-    tracker.log_metrics(first_eval, step=0)
-    log.info("Before training: %s", _fmt(first_eval))
-    step_rewards: list[float] = []
-    state = _LoopState()
-    loop_started = time.time()
-    with StepProgress(trainer.steps) as progress:
-        for step in range(1, trainer.steps + 1):
-            metrics = _one_step(step, parts, scheduler, state, settings.samples_to_log)
-            if settings.eval_every and step % settings.eval_every == 0 and step < trainer.steps:
-                metrics.update(evaluate(engine, eval_prompts, eval_tasks, settings.eval_max_new_tokens))
-            tracker.log_metrics(metrics, step=step)
-            for report in curriculum.take_reports(output_dir / "curriculum"):
-                tracker.log_artifact(report, "curriculum")
-            step_rewards.append(metrics["train/reward/mean"])
-            progress.update(step, metrics)
-    loop_s = time.time() - loop_started
-    placement.before_rollout(engine)
-    final_eval = evaluate(engine, eval_prompts, eval_tasks, settings.eval_max_new_tokens)
-    summary = {**final_eval, **_quarter_summary(step_rewards), **_overlap_summary(scheduler, state, loop_s)}
-    tracker.log_metrics(summary, step=trainer.steps)
+
+def _maybe_evaluate(live: _Run, step: int, metrics: dict[str, float]) -> bool:
+    """Held-out evaluation every `eval_every` steps; True when early stopping says stop."""
+    settings = live.settings
+    if not settings.eval_every or step % settings.eval_every != 0 or step == live.parts["trainer"].steps:
+        return False
+    metrics.update(live.evaluate())
+    _note_eval(live, step, metrics)
+    patience = settings.early_stop_patience
+    return patience > 0 and live.state.evals_without_improvement >= patience
+
+
+def _note_eval(live: _Run, step: int, metrics: Mapping[str, float]) -> None:
+    """Track the best evaluation; a new best is exported as `best/` (an HF folder)."""
+    checkpoints, policy = live.parts["checkpoint"], live.parts["trainer"].policy
+    if checkpoints.best_metric is None or checkpoints.best_metric not in metrics:
+        return
+    live.state.eval_history.append((step, float(metrics[checkpoints.best_metric])))
+
+    def export(folder: Path) -> None:
+        policy.save_pretrained(folder)
+        copy_tokenizer_files(live.model_path, folder)
+
+    improved = checkpoints.consider_best(metrics, export) if step > 0 else _set_baseline(checkpoints, metrics)
+    live.state.evals_without_improvement = 0 if improved else live.state.evals_without_improvement + 1
+
+
+def _set_baseline(checkpoints: Any, metrics: Mapping[str, float]) -> bool:
+    checkpoints.best_value = float(metrics[checkpoints.best_metric])  # the untrained model: nothing to export
+    return True
+
+
+def _save_checkpoint(live: _Run, cfg: DictConfig, step: int) -> None:
+    parts, state = live.parts, live.state
+    loop_state = {
+        "step": step,
+        "mlflow_run_id": parts["logger"].run_id,
+        "pushed_version": state.pushed_version,
+        "curriculum": parts["curriculum"].state_dict(),
+        "scheduler": live.scheduler.snapshot(),
+        "step_rewards": state.step_rewards,
+        "eval_history": state.eval_history,
+        "evals_without_improvement": state.evals_without_improvement,
+        "best_value": parts["checkpoint"].best_value,
+    }
+    config_yaml = OmegaConf.to_yaml(OmegaConf.create({k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items()}))
+    saved = parts["checkpoint"].save(step, parts["trainer"].state_dict(), loop_state, config_yaml)
+    log.info("Checkpoint written: %s", saved.path)
+
+
+def _restore(live: _Run, checkpoint: Checkpoint) -> int:
+    """Put trainer, curriculum, scheduler and engine back where the checkpoint left them; returns the next step."""
+    parts, state = live.parts, live.state
+    loop = checkpoint.loop_state()
+    parts["trainer"].load_state_dict(checkpoint.trainer_state())
+    parts["curriculum"].load_state_dict(loop["curriculum"])
+    state.step_rewards = list(loop["step_rewards"])
+    state.eval_history = [tuple(e) for e in loop["eval_history"]]
+    state.evals_without_improvement = int(loop["evals_without_improvement"])
+    parts["checkpoint"].best_value = loop["best_value"]
+    if loop["pushed_version"] > 0:
+        # The engine started on the base weights: give it the checkpoint's. With sync_every > 1 these are
+        # newer than what the engine served at the checkpoint (only they were saved): samples get fresher.
+        parts["placement"].before_sync(parts["rollout"])
+        parts["weight_bridge"].push(parts["trainer"].policy, parts["trainer"].version)
+        state.pushed_version = parts["trainer"].version
+    tasks_by_uid = {t.uid: t for t in parts["data"].train_tasks()}
+    parts["placement"].before_rollout(parts["rollout"])
+    live.scheduler.restore(loop["scheduler"], tasks_by_uid)
+    return int(loop["step"]) + 1
+
+
+def _finish(live: _Run, loop_s: float, stopped_by: str | None) -> RunResult:
+    parts, state, tracker, trainer = live.parts, live.state, live.parts["logger"], live.parts["trainer"]
+    final_eval = {} if stopped_by else live.evaluate()
+    summary = {
+        **final_eval,
+        **step_metrics.quarter_summary(state.step_rewards),
+        **step_metrics.overlap_summary(live.scheduler, state.train_spans, state.wait_s, loop_s),
+    }
+    last_step = len(state.step_rewards)
+    if last_step < trainer.steps and not stopped_by:
+        summary["summary/early_stopped_at"] = float(last_step)
+    if final_eval:
+        _note_eval(live, last_step, final_eval)
+    tracker.log_metrics(summary, step=last_step)
     tracker.log_table(state.table, "samples.json")
     log.info("After training: %s", _fmt(summary))
-    return RunResult(getattr(tracker, "run_id", None), step_rewards, final_eval, model_path, scheduler.ledger)
+    return RunResult(
+        getattr(tracker, "run_id", None), state.step_rewards, final_eval, live.model_path, live.scheduler.ledger, summary,
+        stopped_by,
+    )
 
 
 def _one_step(
@@ -182,14 +353,14 @@ def _one_step(
     scored = reward(groups)
     uids = [g.task.uid for g in groups for _ in g.completions]
     gen_s = taken.generated.finished_s - taken.generated.started_s
-    metrics = {**_rollout_metrics(groups, gen_s), **_reward_metrics(scored)}
-    metrics.update(_async_metrics(taken, dropped, scheduler))
+    metrics = {**step_metrics.rollout_metrics(groups, gen_s), **step_metrics.reward_metrics(scored)}
+    metrics.update(step_metrics.async_metrics(taken, dropped, scheduler))
     metrics.update(curriculum.update(uids, scored.values) or {})
     placement.before_train(engine)
     train_started = time.time()
     metrics.update(trainer.step(groups, scored.values, scheduler.sampling.temperature))
     state.train_spans.append((train_started, time.time()))
-    metrics.update(_memory_metrics())
+    metrics.update(step_metrics.memory_metrics())
     if trainer.version % bridge.sync_every == 0 and trainer.version > state.pushed_version:
         placement.before_sync(engine)
         metrics.update(bridge.push(trainer.policy, trainer.version).as_metrics())
@@ -199,7 +370,7 @@ def _one_step(
     scheduler.fill(trainer.version, state.pushed_version, steps_done=step)
     metrics["policy/version"] = float(trainer.version)
     metrics["time/step_s"] = time.perf_counter() - started
-    state.table.extend(_sample_rows(step, groups, scored, keep))
+    state.table.extend(step_metrics.sample_rows(step, groups, scored, keep))
     return metrics
 
 
@@ -218,100 +389,6 @@ def _next_batch(
         if taken.groups:
             return taken, dropped
         log.warning("Step %d: every group of a batch was too stale and dropped; taking the next one", step)
-
-
-def _async_metrics(taken: TakenBatch, dropped: int, scheduler: RolloutScheduler) -> dict[str, float]:
-    metrics = {
-        "async/staleness_mean": sum(taken.staleness) / len(taken.staleness),
-        "async/staleness_max": float(max(taken.staleness)),
-        "async/groups_dropped": float(dropped),
-        "async/groups_dropped_total": float(sum(scheduler.ledger.dropped.values())),
-        "async/trainer_wait_s": taken.wait_s,
-        "async/engine_idle_s": taken.engine_gap_s,
-        "async/queue_depth": float(taken.queue_depth),
-    }
-    for lag in range(scheduler.max_staleness + 1):  # the staleness histogram, one series per lag
-        metrics[f"async/staleness_hist/{lag}"] = float(taken.staleness.count(lag))
-    return metrics
-
-
-def _overlap_summary(scheduler: RolloutScheduler, state: _LoopState, loop_s: float) -> dict[str, float]:
-    """How much generation and training ran at the same time, over the whole loop."""
-    train_s = covered_seconds(state.train_spans)
-    gen_s = covered_seconds(scheduler.generation_intervals)
-    return {
-        "summary/loop_s": loop_s,
-        "summary/overlap_fraction": overlap_seconds(state.train_spans, scheduler.generation_intervals) / max(train_s, 1e-9),
-        "summary/engine_idle_fraction": max(1.0 - gen_s / max(loop_s, 1e-9), 0.0),
-        "summary/trainer_idle_fraction": state.wait_s / max(loop_s, 1e-9),
-        "summary/groups_dropped": float(sum(scheduler.ledger.dropped.values())),
-    }
-
-
-def _memory_metrics() -> dict[str, float]:
-    """GPU memory in use on this process's device (all processes) and this process's own peak."""
-    if not torch.cuda.is_available():
-        return {}
-    free, total = torch.cuda.mem_get_info()
-    peak = torch.cuda.max_memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    return {"memory/device_used_gib": (total - free) / 2**30, "memory/trainer_peak_gib": peak / 2**30}
-
-
-def _rollout_metrics(groups: Sequence[RolloutGroup], gen_s: float) -> dict[str, float]:
-    completions = [c for g in groups for c in g.completions]
-    tokens = sum(len(c.token_ids) for c in completions)
-    return {
-        "rollout/time_s": gen_s,
-        "rollout/tokens_per_s": tokens / gen_s if gen_s > 0 else 0.0,
-        "rollout/generated_tokens_mean": tokens / max(len(completions), 1),
-        "rollout/truncated_fraction": sum(c.finish_reason == "length" for c in completions) / max(len(completions), 1),
-        "rollout/policy_version_min": float(min(c.policy_version for c in completions)),
-        "rollout/policy_version_max": float(max(c.policy_version for c in completions)),
-        "rollout/cached_prompt_fraction": sum(g.completions[0].telemetry.cached_prompt_tokens for g in groups)
-        / max(sum(len(g.prompt_token_ids) for g in groups), 1),
-    }
-
-
-def _reward_metrics(scored: RewardOutput) -> dict[str, float]:
-    values = scored.values
-    mean = sum(values) / len(values)
-    metrics = {
-        "train/reward/mean": mean,
-        "train/reward/std": (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5,
-    }
-    for name, term in scored.terms.items():
-        metrics[f"train/reward/{name}"] = sum(term) / len(term)
-    if scored.correct is not None:
-        metrics["train/accuracy"] = sum(scored.correct) / len(scored.correct)
-    return metrics
-
-
-def _sample_rows(step: int, groups: Sequence[RolloutGroup], scored: RewardOutput, keep: int) -> list[dict[str, Any]]:
-    rows, index = [], 0
-    for group in groups:
-        for completion in group.completions:
-            if len(rows) < keep:
-                rows.append(
-                    {
-                        "step": step,
-                        "question": group.task.question,
-                        "reference": group.task.answer,
-                        "completion": completion.text,
-                        "reward": scored.values[index],
-                        "policy_version": completion.policy_version,
-                    }
-                )
-            index += 1
-    return rows
-
-
-def _quarter_summary(rewards: Sequence[float]) -> dict[str, float]:
-    quarter = max(len(rewards) // 4, 1)
-    return {
-        "summary/reward_first_quarter": sum(rewards[:quarter]) / quarter,
-        "summary/reward_last_quarter": sum(rewards[-quarter:]) / quarter,
-    }
 
 
 def _tokenizer(model_path: Path) -> Any:

@@ -107,3 +107,10 @@ class SamplingSettings:
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 128
+    seed: int | None = None  # set: prompt i of this call is sampled with its own seed derived from it
+
+    def prompt_seed(self, index: int) -> int | None:
+        """A seed per prompt (vLLM gives the n samples of a prompt seed, seed + 1, ...)."""
+        if self.seed is None:
+            return None
+        return (self.seed * 1_000_003 + index) * 4096 % 2**62

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from dataclasses import replace
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from grpo_pipe.interfaces import PendingRollout, RolloutEngine
 from grpo_pipe.types import GeneratedBatch, RolloutGroup, SamplingSettings, Task
@@ -34,6 +35,7 @@ StalePolicy = Literal["pace", "drop"]
 class _InFlight:
     index: int  # 1-based submission order
     tasks: list[Task]
+    samples: list[int]  # [len(tasks)] completions asked for each task
     prompts: list[tuple[int, ...]]
     pending: PendingRollout
 
@@ -111,14 +113,45 @@ class RolloutScheduler:
         return len(self._queue) < self.max_staleness + 2
 
     def _submit(self) -> None:
-        batch = self.next_batch()  # [(task, samples)]
-        tasks = [task for task, _ in batch]
-        prompts = [self.render(task) for task in tasks]
-        pending = self.engine.submit(prompts, [n for _, n in batch], self.sampling)
         self._submitted += 1
-        self._queue.append(_InFlight(self._submitted, tasks, prompts, pending))
+        self._submit_batch(self._submitted, self.next_batch())
+
+    def _submit_batch(self, index: int, batch: list[tuple[Task, int]]) -> None:
+        tasks = [task for task, _ in batch]
+        samples = [n for _, n in batch]
+        prompts = [self.render(task) for task in tasks]
+        pending = self.engine.submit(prompts, samples, self._sampling_for(index))
+        self._queue.append(_InFlight(index, tasks, samples, prompts, pending))
         self.ledger.submitted += len(tasks)
         self.ledger.in_flight += len(tasks)
+
+    def snapshot(self) -> dict[str, Any]:
+        """What a checkpoint needs: the batches in flight (by task uid) and the accounting so far."""
+        return {
+            "submitted_batches": self._submitted,
+            "in_flight": [{"index": e.index, "tasks": [[t.uid, n] for t, n in zip(e.tasks, e.samples)]} for e in self._queue],
+            "ledger": {"submitted": self.ledger.submitted, "trained": self.ledger.trained, "dropped": dict(self.ledger.dropped)},
+        }
+
+    def restore(self, snapshot: dict[str, Any], tasks_by_uid: dict[str, Task]) -> None:
+        """Continue from a checkpoint: the batches that were in flight are generated again, with the
+        same per-batch seeds, so they come out as they would have."""
+        if self._queue:
+            raise RuntimeError("restore() on a scheduler that already has batches in flight")
+        ledger = snapshot["ledger"]
+        in_flight = [(b["index"], [(tasks_by_uid[uid], int(n)) for uid, n in b["tasks"]]) for b in snapshot["in_flight"]]
+        resubmitted = sum(len(batch) for _, batch in in_flight)
+        self.ledger = Ledger(int(ledger["submitted"]) - resubmitted, int(ledger["trained"]), dict(ledger["dropped"]), 0)
+        self._submitted = int(snapshot["submitted_batches"])
+        for index, batch in in_flight:
+            self._submit_batch(index, batch)
+
+    def _sampling_for(self, index: int) -> SamplingSettings:
+        # A seed per batch, derived from the run's seed and the batch's place in the run: a resumed run
+        # samples exactly what the uninterrupted one would have, whatever the engine did before.
+        if self.sampling.seed is None:
+            return self.sampling
+        return replace(self.sampling, seed=self.sampling.seed * 1_000_003 + index)
 
     def take(self, trainer_version: int) -> TakenBatch:
         """The oldest batch in flight (blocks until it is generated). Call `fill` first."""

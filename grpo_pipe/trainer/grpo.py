@@ -114,6 +114,36 @@ class GRPOTrainer:
             self.lr_schedule, self.optimizer, num_warmup_steps=self.warmup_steps, num_training_steps=self.steps
         )
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything an exact resume needs: trainable weights, optimizer, LR schedule, counters, RNG."""
+        if self.optimizer is None or self.policy.module is None:
+            raise RuntimeError("trainer used before setup()")
+        params = {n: p.detach().cpu().clone() for n, p in self.policy.module.named_parameters() if p.requires_grad}
+        return {
+            "params": params,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "version": self.version,
+            "bad_steps_in_a_row": self.bad_steps_in_a_row,
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.optimizer is None or self.policy.module is None:
+            raise RuntimeError("trainer used before setup()")
+        named = dict(self.policy.module.named_parameters())
+        missing = sorted(set(state["params"]) - set(named))
+        if missing:
+            raise ValueError(f"checkpoint has parameters this policy lacks (another policy config?): {missing[:5]}")
+        with torch.no_grad():
+            for name, tensor in state["params"].items():
+                named[name].copy_(tensor.to(named[name].device, named[name].dtype))
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.version = int(state["version"])
+        self.bad_steps_in_a_row = int(state["bad_steps_in_a_row"])
+        torch.set_rng_state(state["torch_rng"])
+
     def step(self, groups: Sequence[RolloutGroup], rewards: Sequence[float], temperature: float) -> dict[str, float]:
         """One optimizer update on these groups. Returns `train/...` metrics."""
         started = time.perf_counter()

@@ -1,0 +1,171 @@
+"""Checkpoints of the whole training state, written so that a kill at any moment loses nothing.
+
+A checkpoint is a folder `step-000012/` holding `trainer.pt` (trainable weights, optimizer, LR
+schedule, counters, RNG), `loop.json` (step, curriculum, policy versions, the MLflow run id, eval
+history) and `config.yaml` (the resolved config it ran with). It is written under a temporary name,
+every file fsync'ed, then renamed into place and the parent folder fsync'ed: a reader sees the old
+set of checkpoints or the new one, never half of one. The newest `keep_last` are kept, plus the
+best by `best_metric`, exported as a Hugging Face folder `best/` that vLLM or transformers load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+STEP_PREFIX = "step-"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint on disk."""
+
+    path: Path
+
+    @property
+    def step(self) -> int:
+        return int(self.path.name.removeprefix(STEP_PREFIX))
+
+    def loop_state(self) -> dict[str, Any]:
+        return json.loads((self.path / "loop.json").read_text())
+
+    def trainer_state(self) -> dict[str, Any]:
+        return torch.load(self.path / "trainer.pt", map_location="cpu", weights_only=False)
+
+    def config_yaml(self) -> str:
+        return (self.path / "config.yaml").read_text()
+
+
+class CheckpointManager:
+    def __init__(
+        self,
+        every: int = 0,
+        keep_last: int = 2,
+        best_metric: str | None = "eval/accuracy",
+        directory: str | None = None,
+    ) -> None:
+        if every < 0 or keep_last < 1:
+            raise ValueError(f"checkpoint.every={every} must be >= 0 and checkpoint.keep_last={keep_last} >= 1")
+        self.every = every  # steps between checkpoints; 0 = only at the end (and on a clean stop)
+        self.keep_last = keep_last
+        self.best_metric = best_metric  # higher is better; None = keep no best
+        self.directory = directory
+        self.root: Path | None = None
+        self.best_value: float | None = None
+
+    def attach(self, output_dir: Path) -> None:
+        """Checkpoints go to `directory`, else `<run output dir>/checkpoints`."""
+        self.root = Path(self.directory) if self.directory else output_dir / "checkpoints"
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def due(self, step: int, last_step: int) -> bool:
+        return step == last_step or (self.every > 0 and step % self.every == 0)
+
+    def save(self, step: int, trainer_state: Mapping[str, Any], loop_state: Mapping[str, Any], config_yaml: str) -> Checkpoint:
+        root = self._root()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{STEP_PREFIX}{step:06d}.", dir=root))
+        try:
+            torch.save(dict(trainer_state), tmp / "trainer.pt")
+            (tmp / "loop.json").write_text(json.dumps(loop_state, indent=1, default=_jsonable))
+            (tmp / "config.yaml").write_text(config_yaml)
+            for child in tmp.iterdir():
+                _fsync(child)
+            final = root / f"{STEP_PREFIX}{step:06d}"
+            if final.exists():  # a re-run of the same step after a resume: replace it whole
+                shutil.rmtree(final)
+            os.rename(tmp, final)
+            _fsync(root)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        self._prune()
+        return Checkpoint(final)
+
+    def consider_best(self, metrics: Mapping[str, float], export: Any) -> bool:
+        """If `metrics` beat the best so far, call `export(folder)` to write the new `best/` (atomically)."""
+        if self.best_metric is None or self.best_metric not in metrics:
+            return False
+        value = float(metrics[self.best_metric])
+        if self.best_value is not None and value <= self.best_value:
+            return False
+        root = self._root()
+        tmp = Path(tempfile.mkdtemp(prefix=".best.", dir=root))
+        export(tmp)
+        (tmp / "best.json").write_text(json.dumps({self.best_metric: value}))
+        old = root / "best"
+        if old.exists():
+            shutil.rmtree(old)
+        os.rename(tmp, old)
+        _fsync(root)
+        self.best_value = value
+        return True
+
+    def latest(self) -> Checkpoint | None:
+        found = sorted(p for p in self._root().glob(f"{STEP_PREFIX}*") if p.is_dir())
+        return Checkpoint(found[-1]) if found else None
+
+    def _prune(self) -> None:
+        found = sorted(p for p in self._root().glob(f"{STEP_PREFIX}*") if p.is_dir())
+        for old in found[: -self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+        for leftover in self._root().glob(f".{STEP_PREFIX}*"):  # temporaries of a killed writer
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def _root(self) -> Path:
+        if self.root is None:
+            raise RuntimeError("checkpoint manager used before attach()")
+        return self.root
+
+
+def find_resume_checkpoint(resume: str, runs_dir: Path) -> Checkpoint:
+    """`resume`: a run output folder, its checkpoints folder, one checkpoint, or `latest` (the newest
+    checkpoint of any run under `runs_dir`). Raises FileNotFoundError saying what was looked for."""
+    if resume == "latest":
+        candidates = sorted(runs_dir.glob(f"*/checkpoints/{STEP_PREFIX}*"), key=lambda p: p.stat().st_mtime)
+        if not candidates:
+            raise FileNotFoundError(f"resume=latest: no checkpoint under {runs_dir}/*/checkpoints/")
+        return Checkpoint(candidates[-1])
+    path = Path(resume)
+    if path.name.startswith(STEP_PREFIX) and (path / "trainer.pt").exists():
+        return Checkpoint(path)
+    for folder in (path / "checkpoints", path):
+        found = sorted(p for p in folder.glob(f"{STEP_PREFIX}*") if (p / "trainer.pt").exists())
+        if found:
+            return Checkpoint(found[-1])
+    raise FileNotFoundError(f"resume={resume}: no checkpoint in {path}/checkpoints/ or {path}/")
+
+
+def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two resolved configs."""
+    keys = set(saved) | set(current)
+    out = []
+    for key in sorted(keys):
+        a, b = saved.get(key), current.get(key)
+        name = f"{prefix}{key}"
+        if isinstance(a, Mapping) and isinstance(b, Mapping):
+            out.extend(config_differences(a, b, f"{name}."))
+        elif a != b:
+            out.append(name)
+    return out
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "__dict__"):
+        return vars(value)
+    raise TypeError(f"not JSON-serialisable: {type(value).__name__}")

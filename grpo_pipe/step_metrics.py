@@ -1,0 +1,107 @@
+"""The numbers logged for each step and at the end of a run, computed from what the step produced."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from grpo_pipe.rollout.scheduler import RolloutScheduler, TakenBatch, covered_seconds, overlap_seconds
+from grpo_pipe.types import RewardOutput, RolloutGroup
+
+
+def async_metrics(taken: TakenBatch, dropped: int, scheduler: RolloutScheduler) -> dict[str, float]:
+    metrics = {
+        "async/staleness_mean": sum(taken.staleness) / len(taken.staleness),
+        "async/staleness_max": float(max(taken.staleness)),
+        "async/groups_dropped": float(dropped),
+        "async/groups_dropped_total": float(sum(scheduler.ledger.dropped.values())),
+        "async/trainer_wait_s": taken.wait_s,
+        "async/engine_idle_s": taken.engine_gap_s,
+        "async/queue_depth": float(taken.queue_depth),
+    }
+    for lag in range(scheduler.max_staleness + 1):  # the staleness histogram, one series per lag
+        metrics[f"async/staleness_hist/{lag}"] = float(taken.staleness.count(lag))
+    return metrics
+
+
+def overlap_summary(
+    scheduler: RolloutScheduler, train_spans: Sequence[tuple[float, float]], wait_s: float, loop_s: float
+) -> dict[str, float]:
+    """How much generation and training ran at the same time, over the whole loop."""
+    train_s = covered_seconds(train_spans)
+    gen_s = covered_seconds(scheduler.generation_intervals)
+    return {
+        "summary/loop_s": loop_s,
+        "summary/overlap_fraction": overlap_seconds(train_spans, scheduler.generation_intervals) / max(train_s, 1e-9),
+        "summary/engine_idle_fraction": max(1.0 - gen_s / max(loop_s, 1e-9), 0.0),
+        "summary/trainer_idle_fraction": wait_s / max(loop_s, 1e-9),
+        "summary/groups_dropped": float(sum(scheduler.ledger.dropped.values())),
+    }
+
+
+def memory_metrics() -> dict[str, float]:
+    """GPU memory in use on this process's device (all processes) and this process's own peak."""
+    if not torch.cuda.is_available():
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    peak = torch.cuda.max_memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    return {"memory/device_used_gib": (total - free) / 2**30, "memory/trainer_peak_gib": peak / 2**30}
+
+
+def rollout_metrics(groups: Sequence[RolloutGroup], gen_s: float) -> dict[str, float]:
+    completions = [c for g in groups for c in g.completions]
+    tokens = sum(len(c.token_ids) for c in completions)
+    return {
+        "rollout/time_s": gen_s,
+        "rollout/tokens_per_s": tokens / gen_s if gen_s > 0 else 0.0,
+        "rollout/generated_tokens_mean": tokens / max(len(completions), 1),
+        "rollout/truncated_fraction": sum(c.finish_reason == "length" for c in completions) / max(len(completions), 1),
+        "rollout/policy_version_min": float(min(c.policy_version for c in completions)),
+        "rollout/policy_version_max": float(max(c.policy_version for c in completions)),
+        "rollout/cached_prompt_fraction": sum(g.completions[0].telemetry.cached_prompt_tokens for g in groups)
+        / max(sum(len(g.prompt_token_ids) for g in groups), 1),
+    }
+
+
+def reward_metrics(scored: RewardOutput) -> dict[str, float]:
+    values = scored.values
+    mean = sum(values) / len(values)
+    metrics = {
+        "train/reward/mean": mean,
+        "train/reward/std": (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5,
+    }
+    for name, term in scored.terms.items():
+        metrics[f"train/reward/{name}"] = sum(term) / len(term)
+    if scored.correct is not None:
+        metrics["train/accuracy"] = sum(scored.correct) / len(scored.correct)
+    return metrics
+
+
+def sample_rows(step: int, groups: Sequence[RolloutGroup], scored: RewardOutput, keep: int) -> list[dict[str, Any]]:
+    rows, index = [], 0
+    for group in groups:
+        for completion in group.completions:
+            if len(rows) < keep:
+                rows.append(
+                    {
+                        "step": step,
+                        "question": group.task.question,
+                        "reference": group.task.answer,
+                        "completion": completion.text,
+                        "reward": scored.values[index],
+                        "policy_version": completion.policy_version,
+                    }
+                )
+            index += 1
+    return rows
+
+
+def quarter_summary(rewards: Sequence[float]) -> dict[str, float]:
+    quarter = max(len(rewards) // 4, 1)
+    return {
+        "summary/reward_first_quarter": sum(rewards[:quarter]) / quarter,
+        "summary/reward_last_quarter": sum(rewards[-quarter:]) / quarter,
+    }

