@@ -28,12 +28,15 @@ class ConfigError(ValueError):
         super().__init__("Invalid config:\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
-def validate_config(cfg: DictConfig, groups: Sequence[str]) -> None:
-    """Check every group node of `cfg` (and nested component nodes). Raises ConfigError."""
+def validate_config(cfg: DictConfig, groups: Sequence[str], plain_keys: Sequence[str] = ()) -> None:
+    """Check every group node of `cfg` (and nested component nodes). Raises ConfigError.
+
+    `plain_keys` are top-level settings that are not components (e.g. `resume`)."""
     problems: list[str] = []
     for key in cfg:
-        if key not in groups and key != "hydra":
-            problems.append(f"{key}: unknown top-level key; allowed: {', '.join(sorted(groups))}")
+        if key not in groups and key not in plain_keys and key != "hydra":
+            allowed = ", ".join(sorted([*groups, *plain_keys]))
+            problems.append(f"{key}: unknown top-level key; allowed: {allowed}")
     for group in groups:
         node = cfg.get(group)
         if not isinstance(node, DictConfig) or "_target_" not in node:
@@ -129,7 +132,8 @@ def _type_error(value: Any, hint: Any) -> str | None:
         return _items_error(value, args, fixed=container is tuple and bool(args) and args[-1] is not Ellipsis)
     if container in (dict, Mapping, typing.Mapping) or (isinstance(container, type) and issubclass(container, Mapping)):
         return None if isinstance(value, (DictConfig, dict)) else "expected a mapping"
-    if isinstance(hint, type) and isinstance(value, (DictConfig, dict)):
+    if isinstance(hint, type) and (value is None or isinstance(value, (DictConfig, dict))):
+        # A nested component (e.g. a reward held by another reward): null would only fail once built.
         return f"expected a component config with `_target_` building {hint.__name__}"
     return None  # protocols and other classes are checked when the object is built
 
