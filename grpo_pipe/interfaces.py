@@ -64,6 +64,7 @@ class RolloutEngine(Protocol):
     model_path: Path | None  # the folder it was started on
     weight_dtype: torch.dtype  # the dtype it holds weights in (bridges convert before sending)
     in_process: bool  # True when the engine's model lives in this process
+    max_model_len: int  # prompt + completion tokens one request may hold
 
     def connect(self, model_path: Path, options: dict[str, Any] | None = None) -> None: ...
 
@@ -195,6 +196,10 @@ class Placement(Protocol):
     def before_train(self, engine: RolloutEngine) -> None: ...
 
     def before_sync(self, engine: RolloutEngine) -> None: ...
+
+    def restart_engines(self, engine: RolloutEngine, attempt: int) -> None:
+        """Replace engines that died (after a back-off), or raise when that is not possible or too often."""
+        ...
 
     def close(self) -> None:
         """Release what `place` started (processes, actors)."""

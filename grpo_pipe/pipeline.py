@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -24,6 +24,7 @@ from grpo_pipe.config.validate import ConfigError, validate_config
 from grpo_pipe.evaluation import evaluate
 from grpo_pipe.progress import StepProgress
 from grpo_pipe.prompts import render_prompt
+from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
 from grpo_pipe.rollout.scheduler import Ledger, RolloutScheduler, TakenBatch
 from grpo_pipe.stopping import StopRequest
 from grpo_pipe.types import SamplingSettings
@@ -52,6 +53,7 @@ class RunSettings:
     eval_size: int = 64
     eval_max_new_tokens: int = 96
     early_stop_patience: int = 0  # stop after this many evaluations without a new best; 0 = never
+    overlong_prompts: Literal["skip", "truncate"] = "skip"  # prompts that leave no room for max_new_tokens
     samples_to_log: int = 16
     seeded_sampling: bool = True  # every batch sampled with a seed derived from `seed`: reproducible, resumable
 
@@ -168,6 +170,8 @@ class _LoopState:
     step_rewards: list[float] = field(default_factory=list)  # mean reward per step, from step 1
     eval_history: list[tuple[int, float]] = field(default_factory=list)  # (step, best_metric value)
     evals_without_improvement: int = 0
+    trained_through: int = 0  # the last step whose optimizer update is done
+    engine_restarts: int = 0
 
 
 @dataclass
@@ -204,7 +208,12 @@ def _train(
     loop_started = time.time()
     with StepProgress(trainer.steps, first_step=first_step - 1) as progress:
         for step in range(first_step, trainer.steps + 1):
-            metrics = _one_step(step, parts, live.scheduler, live.state, settings.samples_to_log)
+            try:
+                metrics = _one_step(step, parts, live.scheduler, live.state, settings.samples_to_log)
+            except EngineGaveUp:
+                if live.state.trained_through > 0:  # keep the work done so far, then fail loudly
+                    _save_checkpoint(live, cfg, live.state.trained_through)
+                raise
             early_stop = _maybe_evaluate(live, step, metrics)
             if step not in already_logged:
                 tracker.log_metrics(metrics, step=step)
@@ -245,6 +254,8 @@ def _start(parts: dict[str, Any]) -> _Run:
         total_steps=trainer.steps,
         max_staleness=trainer.max_staleness,
         stale_policy=trainer.stale_policy,
+        prompt_limit=engine.max_model_len - settings.max_new_tokens,
+        overlong_prompts=settings.overlong_prompts,
     )
     return _Run(parts, settings, model_path, tokenizer, scheduler, eval_prompts, eval_tasks, _LoopState())
 
@@ -361,14 +372,19 @@ def _one_step(
     metrics.update(trainer.step(groups, scored.values, scheduler.sampling.temperature))
     state.train_spans.append((train_started, time.time()))
     metrics.update(step_metrics.memory_metrics())
+    state.trained_through = step
     if trainer.version % bridge.sync_every == 0 and trainer.version > state.pushed_version:
         placement.before_sync(engine)
-        metrics.update(bridge.push(trainer.policy, trainer.version).as_metrics())
-        state.pushed_version = trainer.version
+        try:
+            metrics.update(bridge.push(trainer.policy, trainer.version).as_metrics())
+            state.pushed_version = trainer.version
+        except EngineLost as err:
+            _recover_engine(parts, scheduler, state, err)  # re-syncs the current weights itself
     # Hand the engine its next work now, so it generates while this process logs and scores.
     placement.before_rollout(engine)
     scheduler.fill(trainer.version, state.pushed_version, steps_done=step)
     metrics["policy/version"] = float(trainer.version)
+    metrics["engine/restarts"] = float(state.engine_restarts)
     metrics["time/step_s"] = time.perf_counter() - started
     state.table.extend(step_metrics.sample_rows(step, groups, scored, keep))
     return metrics
@@ -383,12 +399,32 @@ def _next_batch(
     while True:
         placement.before_rollout(engine)
         scheduler.fill(trainer.version, state.pushed_version, steps_done=step - 1)
-        taken = scheduler.take(trainer.version)
+        try:
+            taken = scheduler.take(trainer.version)
+        except EngineLost as err:
+            _recover_engine(parts, scheduler, state, err)
+            continue
         state.wait_s += taken.wait_s
         dropped += len(taken.dropped)
         if taken.groups:
             return taken, dropped
         log.warning("Step %d: every group of a batch was too stale and dropped; taking the next one", step)
+
+
+def _recover_engine(parts: dict[str, Any], scheduler: RolloutScheduler, state: _LoopState, err: EngineLost) -> None:
+    """Restart dead engines (the placement backs off and limits how often), give them the current
+    weights, and re-issue every request that was in flight."""
+    engine, bridge, trainer = parts["rollout"], parts["weight_bridge"], parts["trainer"]
+    state.engine_restarts += 1
+    log.error("Engine lost (%s); restart %d", err, state.engine_restarts)
+    parts["placement"].restart_engines(engine, state.engine_restarts)
+    bridge.close()
+    bridge.connect(engine, trainer.policy)
+    if trainer.version > 0:
+        bridge.push(trainer.policy, trainer.version)
+    state.pushed_version = trainer.version
+    reissued = scheduler.requeue_lost()
+    log.warning("Engine back; weights v%d re-synced, %d batch(es) re-issued", trainer.version, reissued)
 
 
 def _tokenizer(model_path: Path) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from grpo_pipe.interfaces import RolloutEngine
+from grpo_pipe.rollout.errors import EngineGaveUp
 
 
 class ColocatedPlacement:
@@ -43,6 +44,9 @@ class ColocatedPlacement:
         if self._asleep:
             engine.wake_up()
             self._asleep = False
+
+    def restart_engines(self, engine: RolloutEngine, attempt: int) -> None:
+        raise EngineGaveUp("the engine shares the trainer's process (placement=colocated): resume from a checkpoint")
 
     def close(self) -> None:
         pass  # started nothing of its own

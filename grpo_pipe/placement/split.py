@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+import uuid
 from typing import Any
 
 import torch
 
 from grpo_pipe.interfaces import RolloutEngine
+from grpo_pipe.rollout.errors import EngineGaveUp
 from grpo_pipe.rollout.ray_engine import EngineHost, RayEngineFleet, explicit_log_levels
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 
@@ -30,6 +33,8 @@ class SplitPlacement:
         engine_gpus: int = 1,
         ray_address: str | None = None,
         host: str = "127.0.0.1",
+        max_restarts: int = 3,
+        restart_backoff_s: float = 2.0,
     ) -> None:
         if num_engines < 1 or engine_cpus < 1 or engine_gpus < 0:
             raise ValueError(
@@ -41,6 +46,8 @@ class SplitPlacement:
         self.engine_gpus = engine_gpus
         self.ray_address = ray_address
         self.host = host
+        self.max_restarts = max_restarts  # engine deaths survived per run; one more stops the run
+        self.restart_backoff_s = restart_backoff_s  # doubled after every restart
         self.fleet: RayEngineFleet | None = None
         self._actors: list[Any] = []
         self._owns_ray = False
@@ -67,6 +74,16 @@ class SplitPlacement:
             f"placement=split: the engines took every GPU ({sorted(taken)}); the trainer needs one more "
             f"(lower placement.num_engines or placement.engine_gpus)"
         )
+
+    def restart_engines(self, engine: RolloutEngine, attempt: int) -> None:
+        """Replace dead replicas after a back-off; the runner then re-syncs weights and re-issues requests."""
+        if attempt > self.max_restarts:
+            raise EngineGaveUp(f"the engine died {attempt} times; placement.max_restarts={self.max_restarts}")
+        delay = self.restart_backoff_s * 2 ** (attempt - 1)
+        log.warning("Engine lost; restarting it in %.1fs (restart %d of at most %d)", delay, attempt, self.max_restarts)
+        time.sleep(delay)
+        assert self.fleet is not None
+        self.fleet.restart()
 
     def before_rollout(self, engine: RolloutEngine) -> None:
         pass  # the engines keep their own memory: nothing to wake
@@ -96,9 +113,15 @@ class SplitPlacement:
         import ray
 
         self._ensure_ray()
+        for old in self._actors:  # a restart: whatever is left of the previous replicas goes
+            ray.kill(old)
         gpus = self.engine_gpus if torch.cuda.is_available() else 0
         host = ray.remote(num_cpus=self.engine_cpus, num_gpus=gpus, max_restarts=0)(EngineHost)
-        self._actors = [host.remote(template, explicit_log_levels()) for _ in range(self.num_engines)]
+        run_tag = uuid.uuid4().hex[:8]
+        self._actors = [
+            host.options(name=f"grpo_pipe-engine-{i}-{run_tag}").remote(template, explicit_log_levels())
+            for i in range(self.num_engines)
+        ]
         return self._actors
 
     def _ensure_ray(self) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from grpo_pipe.rollout.errors import EngineLost
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.types import GeneratedBatch, SamplingSettings
 
@@ -81,7 +82,7 @@ class PendingFleetRollout:
     def result(self) -> GeneratedBatch:
         import ray
 
-        parts: list[GeneratedBatch] = ray.get(self.refs)
+        parts: list[GeneratedBatch] = _get(self.refs)
         completions = [group for part in parts for group in part.completions]
         return GeneratedBatch(completions, min(p.started_s for p in parts), max(p.finished_s for p in parts))
 
@@ -93,11 +94,16 @@ class RayEngineFleet:
 
     def __init__(self, template: VllmEngine, start_actors: Callable[[VllmEngine], list[Any]]) -> None:
         self.template = template
-        self._start_actors = start_actors  # the placement decides where replicas go
+        self._start_actors = start_actors  # the placement decides where replicas go (and kills old ones)
         self.actors: list[Any] = []
         self.model_path: Path | None = None
+        self._options: dict[str, Any] | None = None
         self._version = 0
         self._running = False
+
+    @property
+    def max_model_len(self) -> int:
+        return self.template.max_model_len
 
     @property
     def weight_dtype(self) -> torch.dtype:
@@ -116,7 +122,9 @@ class RayEngineFleet:
         if not self.actors:
             self.actors = self._start_actors(self.template)
         started = time.perf_counter()
-        self._all("connect", str(model_path), options)
+        if options is not None:
+            self._options = dict(options)
+        self._all("connect", str(model_path), self._options)
         self.model_path, self._running = Path(model_path), True
         self._all("set_served_version", self._version)
         log.info("%d engine replica(s) up in Ray actors in %.1fs", len(self.actors), time.perf_counter() - started)
@@ -139,7 +147,7 @@ class RayEngineFleet:
         import ray
 
         refs = [a.call_workers.remote(method, args, timeout_s) for a in self.actors]
-        return [r for per_actor in ray.get(refs, timeout=timeout_s) for r in per_actor]
+        return [r for per_actor in _get(refs, timeout_s) for r in per_actor]
 
     def after_external_weight_update(self) -> None:
         self._all("after_external_weight_update")
@@ -165,6 +173,13 @@ class RayEngineFleet:
     def is_running(self) -> bool:
         return self._running
 
+    def restart(self) -> None:
+        """New actors on the model the engines were started on; the caller re-syncs the weights."""
+        if self.model_path is None:
+            raise RuntimeError("restart() before connect()")
+        self.actors, self._running = [], False
+        self.connect(self.model_path)
+
     def worker_count(self) -> int:
         return len(self.actors)
 
@@ -174,9 +189,18 @@ class RayEngineFleet:
         return ray.get([a.where.remote() for a in self.actors])
 
     def _all(self, method: str, *args: Any) -> list[Any]:
-        import ray
+        return _get([getattr(a, method).remote(*args) for a in self.actors])
 
-        return ray.get([getattr(a, method).remote(*args) for a in self.actors])
+
+def _get(refs: list[Any], timeout_s: float | None = None) -> list[Any]:
+    """ray.get, with a dead actor reported as EngineLost (the runner restarts engines on that)."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    try:
+        return ray.get(refs, timeout=timeout_s)
+    except RayActorError as err:
+        raise EngineLost(f"an engine actor died: {err}") from err
 
 
 def _shares(n: int, parts: int) -> list[tuple[int, int]]:

@@ -18,6 +18,7 @@ when the run ended.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import replace
@@ -29,6 +30,7 @@ from grpo_pipe.interfaces import PendingRollout, RolloutEngine
 from grpo_pipe.types import GeneratedBatch, RolloutGroup, SamplingSettings, Task
 
 StalePolicy = Literal["pace", "drop"]
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -77,6 +79,8 @@ class RolloutScheduler:
         total_steps: int,
         max_staleness: int,
         stale_policy: StalePolicy,
+        prompt_limit: int | None = None,
+        overlong_prompts: Literal["skip", "truncate"] = "skip",
     ) -> None:
         if stale_policy not in ("pace", "drop"):
             raise ValueError(f"trainer.stale_policy={stale_policy!r}; allowed: 'pace', 'drop'")
@@ -87,6 +91,8 @@ class RolloutScheduler:
         self.total_steps = total_steps
         self.max_staleness = max_staleness
         self.stale_policy = stale_policy
+        self.prompt_limit = prompt_limit  # prompt tokens that leave room for the answer in the engine
+        self.overlong_prompts = overlong_prompts
         self.ledger = Ledger()
         self.generation_intervals: list[tuple[float, float]] = []  # engine busy spans, wall clock
         self._queue: deque[_InFlight] = deque()
@@ -114,16 +120,53 @@ class RolloutScheduler:
 
     def _submit(self) -> None:
         self._submitted += 1
-        self._submit_batch(self._submitted, self.next_batch())
+        while True:  # a batch whose every prompt is too long is skipped whole
+            batch = self._fit(self.next_batch())
+            if batch:
+                break
+        self._submit_batch(self._submitted, batch)
+
+    def _fit(self, batch: list[tuple[Task, int]]) -> list[tuple[Task, int]]:
+        """Drop (and count) or keep prompts too long for the engine, as `overlong_prompts` says."""
+        if self.prompt_limit is None or self.overlong_prompts == "truncate":
+            return batch
+        kept = []
+        for task, samples in batch:
+            length = len(self.render(task))
+            if length > self.prompt_limit:
+                log.warning("Task %s skipped: prompt of %d tokens > %d that fit the engine", task.uid, length, self.prompt_limit)
+                reason = f"prompt longer than {self.prompt_limit} tokens"
+                self.ledger.dropped[reason] = self.ledger.dropped.get(reason, 0) + 1
+                self.ledger.submitted += 1  # counted as taken from the curriculum, so the ledger balances
+                continue
+            kept.append((task, samples))
+        return kept
+
+    def _prompt(self, task: Task) -> tuple[int, ...]:
+        prompt = self.render(task)
+        if self.prompt_limit is not None and len(prompt) > self.prompt_limit:
+            return prompt[-self.prompt_limit :]  # truncate from the left: the question's end and the answer cue stay
+        return prompt
 
     def _submit_batch(self, index: int, batch: list[tuple[Task, int]]) -> None:
         tasks = [task for task, _ in batch]
         samples = [n for _, n in batch]
-        prompts = [self.render(task) for task in tasks]
+        prompts = [self._prompt(task) for task in tasks]
         pending = self.engine.submit(prompts, samples, self._sampling_for(index))
         self._queue.append(_InFlight(index, tasks, samples, prompts, pending))
         self.ledger.submitted += len(tasks)
         self.ledger.in_flight += len(tasks)
+
+    def requeue_lost(self) -> int:
+        """The engine died and took every batch in flight with it: submit them again, same tasks and
+        seeds, in the same order. Returns how many batches were re-issued."""
+        lost = list(self._queue)
+        self._queue.clear()
+        for entry in lost:
+            self.ledger.submitted -= len(entry.tasks)
+            self.ledger.in_flight -= len(entry.tasks)
+            self._submit_batch(entry.index, list(zip(entry.tasks, entry.samples)))
+        return len(lost)
 
     def snapshot(self) -> dict[str, Any]:
         """What a checkpoint needs: the batches in flight (by task uid) and the accounting so far."""
@@ -158,10 +201,11 @@ class RolloutScheduler:
         if not self._queue:
             raise RuntimeError("take() with nothing in flight: call fill() first")
         depth = len(self._queue)
-        entry = self._queue.popleft()
+        entry = self._queue[0]
         waited = time.perf_counter()
-        generated = entry.pending.result()
+        generated = entry.pending.result()  # EngineLost leaves it queued, for requeue_lost()
         wait_s = time.perf_counter() - waited
+        self._queue.popleft()
         self.generation_intervals.append((generated.started_s, generated.finished_s))
         gap = 0.0 if self._last_finished is None else max(generated.started_s - self._last_finished, 0.0)
         self._last_finished = generated.finished_s

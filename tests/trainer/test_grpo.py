@@ -75,6 +75,7 @@ def test_non_finite_gradient_skips_the_update_and_stops_after_the_limit() -> Non
     nan_rewards = [math.nan] + [0.0] * 11  # poisons every advantage in group 0
     metrics = trainer.step(groups, nan_rewards, temperature=1.0)
     assert metrics["train/update_applied"] == 0.0 and trainer.version == 0
+    assert metrics["train/skipped_updates_total"] == 1.0
     for key, value in trainer.policy.module.state_dict().items():
         assert torch.equal(value, before[key]), key
     with pytest.raises(FloatingPointError, match="max_bad_steps"):
