@@ -112,3 +112,16 @@ def test_sigterm_finishes_the_step_writes_a_checkpoint_and_marks_the_run_killed(
     history, status = _metric(store, run_dir, "policy/version")
     assert status == "KILLED"
     assert [s for s, _ in history] == list(range(1, int(saved[0].name.removeprefix("step-")) + 1))
+
+
+def test_resume_with_a_changed_config_is_refused_before_anything_loads(reference, compose_cfg, tmp_path) -> None:
+    from grpo_pipe.config.validate import ConfigError
+    from grpo_pipe.pipeline import JobContext, run
+
+    ref_dir, _ = reference
+    cfg = compose_cfg([f"trainer.steps={STEPS}", "checkpoint.every=1", "reward=inference_aware",
+                       "reward.latency_weight=0.0", "trainer.lr=0.5", f"resume={ref_dir}"])
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"differs from the checkpoint's .* trainer\.lr"):
+        run(cfg, JobContext(output_dir=tmp_path, run_name="changed"))
+    assert time.perf_counter() - started < 10
