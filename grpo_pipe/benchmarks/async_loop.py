@@ -49,6 +49,8 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="config overrides, as on the grpo_pipe command line")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    # Every in-place reload makes vLLM list the layers it restores itself (rotary cache, tied head).
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="grpo_pipe-async-bench-") as out:
         for staleness in (int(s) for s in args.staleness.split(",")):
