@@ -171,6 +171,7 @@ class _LoopState:
     eval_history: list[tuple[int, float]] = field(default_factory=list)  # (step, best_metric value)
     evals_without_improvement: int = 0
     trained_through: int = 0  # the last step whose optimizer update is done
+    last_eval: tuple[int, dict[str, float]] = (0, {})  # (step, metrics) of the latest evaluation
     engine_restarts: int = 0
 
 
@@ -265,7 +266,9 @@ def _maybe_evaluate(live: _Run, step: int, metrics: dict[str, float]) -> bool:
     settings = live.settings
     if not settings.eval_every or step % settings.eval_every != 0 or step == live.parts["trainer"].steps:
         return False
-    metrics.update(live.evaluate())
+    evaluation = live.evaluate()
+    metrics.update(evaluation)
+    live.state.last_eval = (step, evaluation)
     _note_eval(live, step, metrics)
     patience = settings.early_stop_patience
     return patience > 0 and live.state.evals_without_improvement >= patience
@@ -333,16 +336,17 @@ def _restore(live: _Run, checkpoint: Checkpoint) -> int:
 
 def _finish(live: _Run, loop_s: float, stopped_by: str | None) -> RunResult:
     parts, state, tracker, trainer = live.parts, live.state, live.parts["logger"], live.parts["trainer"]
-    final_eval = {} if stopped_by else live.evaluate()
+    last_step = len(state.step_rewards)
+    evaluated_now = not stopped_by and state.last_eval[0] != last_step
+    final_eval = live.evaluate() if evaluated_now else ({} if stopped_by else state.last_eval[1])
     summary = {
-        **final_eval,
+        **(final_eval if evaluated_now else {}),
         **step_metrics.quarter_summary(state.step_rewards),
         **step_metrics.overlap_summary(live.scheduler, state.train_spans, state.wait_s, loop_s),
     }
-    last_step = len(state.step_rewards)
     if last_step < trainer.steps and not stopped_by:
         summary["summary/early_stopped_at"] = float(last_step)
-    if final_eval:
+    if evaluated_now:
         _note_eval(live, last_step, final_eval)
     tracker.log_metrics(summary, step=last_step)
     tracker.log_table(state.table, "samples.json")

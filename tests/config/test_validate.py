@@ -28,7 +28,7 @@ def test_wrong_type_literal_and_unknown_key_are_all_reported_at_once(compose_cfg
 
 def test_unknown_top_level_key_is_reported(compose_cfg) -> None:
     cfg = compose_cfg(["+trainr.lr=1"])
-    assert any(p.startswith("trainr: unknown top-level key; allowed: curriculum, data,") for p in _problems(cfg))
+    assert any(p.startswith("trainr: unknown top-level key; allowed: checkpoint, curriculum, data,") for p in _problems(cfg))
 
 
 def test_required_missing_value_is_reported(compose_cfg) -> None:
@@ -44,6 +44,19 @@ def test_cross_component_problem_is_a_config_error(compose_cfg) -> None:
 def test_sleep_needs_sleep_mode(compose_cfg) -> None:
     cfg = compose_cfg(["placement.sleep_level=1"])
     assert any("rollout.enable_sleep_mode=true" in p for p in _problems(cfg))
+
+
+def test_nested_component_of_a_reward_is_validated(compose_cfg) -> None:
+    cfg = compose_cfg(["reward=inference_aware", "+reward.task_score.wrongg=1", "reward.task_score.correct=yes"])
+    problems = "\n".join(_problems(cfg))
+    assert "reward.task_score.wrongg: unknown setting for CorrectnessReward; allowed: correct, unparsable, wrong" in problems
+    assert "reward.task_score.correct='yes': expected a number" in problems
+
+
+def test_null_nested_component_is_reported(compose_cfg) -> None:
+    cfg = compose_cfg(["reward=inference_aware", "reward.task_score=null"])
+    assert any("reward.task_score=None: expected a component config with `_target_` building Reward" in p
+               for p in _problems(cfg))
 
 
 def test_the_default_config_validates(compose_cfg) -> None:

@@ -1,0 +1,54 @@
+"""sweeps/reward_weights.yaml really runs: one parent, a child per setting, every reward term side by side."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import CONF, REPO, TINY
+
+TERMS = ("task", "latency_ms", "generated_tokens", "kv_memory_mb", "spec_accept_rate", "cache_reuse")
+
+
+def test_the_sweep_crosses_delta_and_beta(monkeypatch) -> None:
+    monkeypatch.chdir(REPO)  # sweeps/ is found through the repo root on the search path
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=["+sweeps=reward_weights"], return_hydra_config=True)
+    params = dict(cfg.hydra.sweeper.params)
+    assert params == {"reward.spec_accept_weight": "0.0,1.0", "reward.token_weight": "0.001,0.01"}
+    assert str(cfg.hydra.mode) == "RunMode.MULTIRUN" and cfg.reward._target_.endswith("InferenceAwareReward")
+    assert cfg.rollout.speculative_config.method == "ngram"
+
+
+def test_reward_weights_gives_a_child_per_setting_with_each_term(tmp_path: Path) -> None:
+    overrides = [o for o in TINY if not o.startswith("trainer.steps")] + ["trainer.steps=2", "run.eval_size=4"]
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    # No `-m`: the sweep sets hydra.mode. β pinned (a CLI value replaces a swept one): two engine starts, not four.
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_pipe", "+sweeps=reward_weights", "reward.token_weight=0.01",
+         *overrides, f"logger.tracking_uri={store}", f"logger.artifact_location={tmp_path}/artifacts",
+         f"hydra.sweep.dir={tmp_path}/sweep"],
+        cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"},
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    client = MlflowClient(tracking_uri=store)
+    runs = client.search_runs([client.get_experiment_by_name("grpo_pipe").experiment_id])
+    parents = [r for r in runs if r.data.tags.get("grpo_pipe.role") == "parent"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    settings = sorted((c.data.params["reward.spec_accept_weight"], c.data.params["reward.token_weight"])
+                      for c in children)
+    assert settings == [("0.0", "0.01"), ("1.0", "0.01")]
+    for child in children:
+        metrics = child.data.metrics
+        assert {f"train/reward/{t}" for t in TERMS} | {f"train/reward/weighted/{t}" for t in TERMS[1:]} <= set(metrics)
+        assert metrics["train/reward/latency_ms"] > 0 and metrics["train/reward/kv_memory_mb"] > 0
+        assert 0.0 <= metrics["train/reward/spec_accept_rate"] <= 1.0
+        delta = float(child.data.params["reward.spec_accept_weight"])
+        weighted = {t: metrics[f"train/reward/weighted/{t}"] for t in ("spec_accept_rate", "generated_tokens")}
+        assert weighted["spec_accept_rate"] == pytest.approx(delta * metrics["train/reward/spec_accept_rate"])
+        assert weighted["generated_tokens"] == pytest.approx(-0.01 * metrics["train/reward/generated_tokens"])
