@@ -6,7 +6,7 @@ import pytest
 from hydra.utils import instantiate
 
 from grpo_pipe.config.validate import validate_config
-from grpo_pipe.pipeline import VALIDATED_GROUPS
+from grpo_pipe.pipeline import PLAIN_KEYS, VALIDATED_GROUPS
 from tests.conftest import CONF
 
 OPTIONS = [
@@ -25,6 +25,6 @@ def test_every_group_has_options() -> None:
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_instantiates(compose_cfg, group: str, option: str) -> None:
     cfg = compose_cfg([f"{group}={option}"])
-    validate_config(cfg, VALIDATED_GROUPS)
+    validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)
     component = instantiate(cfg[group], _convert_="all")
     assert type(component).__name__ in str(cfg[group]._target_)

@@ -32,8 +32,10 @@ def test_reload_bridge_refuses_an_engine_in_another_process(compose_cfg) -> None
         build(compose_cfg(["placement=split", "weight_bridge=reload"]))
 
 
-def test_nccl_over_gloo_into_an_actor_engine_equals_a_fresh_engine(compose_cfg, tmp_path) -> None:
-    cfg = compose_cfg(["placement=split", "weight_bridge=nccl"])
+@pytest.mark.parametrize("engines", [1, 2])
+def test_nccl_over_gloo_into_actor_engines_equals_a_fresh_engine(compose_cfg, tmp_path, engines: int) -> None:
+    """With two replicas one broadcast feeds both, and each answers its share of the prompts."""
+    cfg = compose_cfg(["placement=split", "weight_bridge=nccl", f"placement.num_engines={engines}"])
     stats = train_sync_and_compare(cfg, tmp_path / "saved")
     assert stats.bytes_moved > 0
 
