@@ -370,7 +370,8 @@ def _one_step(
     gen_s = taken.generated.finished_s - taken.generated.started_s
     metrics = {**step_metrics.rollout_metrics(groups, gen_s), **step_metrics.reward_metrics(scored)}
     metrics.update(step_metrics.async_metrics(taken, dropped, scheduler))
-    metrics.update(curriculum.update(uids, scored.values) or {})
+    # Difficulty is how well a task is solved: latency and length terms would drown it (and are noise here).
+    metrics.update(curriculum.update(uids, scored.difficulty_signal) or {})
     placement.before_train(engine)
     train_started = time.time()
     metrics.update(trainer.step(groups, scored.values, scheduler.sampling.temperature))

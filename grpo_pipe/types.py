@@ -75,6 +75,12 @@ class RewardOutput:
     values: list[float]  # [N] total reward per completion
     terms: dict[str, list[float]] = field(default_factory=dict)  # name -> [N]
     correct: list[bool] | None = None  # [N] when the reward knows about correctness
+    task_values: list[float] | None = None  # [N] the task score alone, when `values` adds serving costs
+
+    @property
+    def difficulty_signal(self) -> list[float]:
+        """What a curriculum should judge a task's difficulty by: how well it was solved, not what it cost."""
+        return self.values if self.task_values is None else self.task_values
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ class InferenceAwareReward:
             **raw,
             **{f"weighted/{name}": term for name, term in weighted.items()},
         }
-        return RewardOutput(values=values, terms=terms, correct=task.correct)
+        return RewardOutput(values=values, terms=terms, correct=task.correct, task_values=task.difficulty_signal)
 
     def measure(self, group: RolloutGroup, completion: Completion) -> dict[str, float]:
         """The raw, unweighted terms of one completion; a missing measurement is 0."""

@@ -84,6 +84,7 @@ def test_each_term_and_the_total_by_hand(tmp_path) -> None:
     assert out.values == pytest.approx([1 - 0.25 - 0.02 - 0.01 * kv_mb + 0.5 + 0.25, -0.02 - 0.01 * kv_mb])
     assert out.terms["weighted/latency_ms"] == pytest.approx([-0.25, 0.0])
     assert out.correct == [True, False]
+    assert out.difficulty_signal == [1.0, 0.0]  # curricula judge difficulty by the task score, not by costs
 
 
 def test_configured_speculation_that_reports_nothing_warns_once(caplog) -> None:
