@@ -61,6 +61,8 @@ def train_sync_and_compare(cfg: DictConfig, saved: Path, fresh_from: str = "merg
         engine.shutdown()
         parts["placement"].close()
     fresh_engine = instantiate(cfg.rollout, _convert_="all")
+    # The reference engine always runs in this process: same weights, same kernels, no process start-up.
+    fresh_engine.in_process, fresh_engine.device_ids = True, None
     if fresh_from == "adapter":
         fresh_engine.connect(model_path, bridge.engine_options())
         fresh_engine.use_adapter("fresh", 1, saved)

@@ -28,6 +28,11 @@ def test_bad_rows_are_skipped_counted_and_named(tmp_path) -> None:
     assert "100000 chars" in joined
 
 
+def test_real_gsm8k_test_split_loads_without_skips() -> None:
+    data = Gsm8kTasks(path=str(GSM8K_DIR), max_eval=None)
+    assert len(data.eval_tasks()) == 1319 and len(data.skipped) == 0
+
+
 def test_real_gsm8k_splits_load_without_skips() -> None:
     if not (GSM8K_DIR / "train.jsonl").exists():
         pytest.skip(f"GSM8K train split not found in {GSM8K_DIR} (only the test split ships with the repo)")

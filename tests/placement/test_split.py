@@ -6,13 +6,12 @@ import time
 from collections.abc import Iterator
 
 import pytest
+import ray
 from mlflow.tracking import MlflowClient
 
 from grpo_pipe.config.validate import ConfigError
 from grpo_pipe.pipeline import JobContext, build, run
 from tests.bridges.equality import train_sync_and_compare
-
-ray = pytest.importorskip("ray")
 
 
 @pytest.fixture(scope="module", autouse=True)
