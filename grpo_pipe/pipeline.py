@@ -53,6 +53,7 @@ class RunSettings:
     eval_size: int = 64
     eval_max_new_tokens: int = 96
     early_stop_patience: int = 0  # stop after this many evaluations without a new best; 0 = never
+    max_minutes: float | None = None  # time budget for the training loop: the run ends normally after the step that passes it
     overlong_prompts: Literal["skip", "truncate"] = "skip"  # prompts that leave no room for max_new_tokens
     samples_to_log: int = 16
     seeded_sampling: bool = True  # every batch sampled with a seed derived from `seed`: reproducible, resumable
@@ -207,6 +208,7 @@ def _train(
     already_logged = tracker.logged_steps("policy/version")  # steps a crashed run logged past its checkpoint
     stopped_by: str | None = None
     loop_started = time.time()
+    deadline = None if settings.max_minutes is None else loop_started + 60.0 * settings.max_minutes
     with StepProgress(trainer.steps, first_step=first_step - 1) as progress:
         for step in range(first_step, trainer.steps + 1):
             try:
@@ -222,13 +224,19 @@ def _train(
                 tracker.log_artifact(report, "curriculum")
             live.state.step_rewards.append(metrics["train/reward/mean"])
             progress.update(step, metrics)
-            stopped_by = stop.reason or ("early_stopping" if early_stop else None)
+            out_of_time = deadline is not None and time.time() >= deadline
+            stopped_by = stop.reason or ("early_stopping" if early_stop else None) or ("time_budget" if out_of_time else None)
             if parts["checkpoint"].due(step, trainer.steps) or stopped_by:
                 _save_checkpoint(live, cfg, step)
             if stopped_by:
                 log.warning("Stopping after step %d (%s)", step, stopped_by)
                 break
-    return _finish(live, time.time() - loop_started, stopped_by if stopped_by != "early_stopping" else None)
+    # Early stopping and the time budget are normal ends (final evaluation, FINISHED); a signal is not.
+    normal_end = stopped_by in (None, *_NORMAL_ENDS)
+    return _finish(live, time.time() - loop_started, None if normal_end else stopped_by, ended_by=stopped_by)
+
+
+_NORMAL_ENDS = ("early_stopping", "time_budget")
 
 
 def _start(parts: dict[str, Any]) -> _Run:
@@ -334,7 +342,7 @@ def _restore(live: _Run, checkpoint: Checkpoint) -> int:
     return int(loop["step"]) + 1
 
 
-def _finish(live: _Run, loop_s: float, stopped_by: str | None) -> RunResult:
+def _finish(live: _Run, loop_s: float, stopped_by: str | None, ended_by: str | None = None) -> RunResult:
     parts, state, tracker, trainer = live.parts, live.state, live.parts["logger"], live.parts["trainer"]
     last_step = len(state.step_rewards)
     evaluated_now = not stopped_by and state.last_eval[0] != last_step
@@ -344,8 +352,10 @@ def _finish(live: _Run, loop_s: float, stopped_by: str | None) -> RunResult:
         **step_metrics.quarter_summary(state.step_rewards),
         **step_metrics.overlap_summary(live.scheduler, state.train_spans, state.wait_s, loop_s),
     }
-    if last_step < trainer.steps and not stopped_by:
+    if last_step < trainer.steps and ended_by == "early_stopping":
         summary["summary/early_stopped_at"] = float(last_step)
+    if last_step < trainer.steps and ended_by == "time_budget":
+        summary["summary/time_budget_stopped_at"] = float(last_step)
     if evaluated_now:
         _note_eval(live, last_step, final_eval)
     tracker.log_metrics(summary, step=last_step)
