@@ -141,6 +141,9 @@ class VllmEngine:
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
         else:
             kwargs["kv_cache_memory_bytes"] = int(self.kv_cache_gib * 2**30)
+            # A prompt split over scheduler steps (chunked prefill) has its seeded generator rewound, which
+            # CPU generators cannot do ("CPU Generator does not use offset"): schedule prompts whole instead.
+            kwargs["enable_chunked_prefill"] = False
         if self.speculative_config:
             from vllm.engine.arg_utils import EngineArgs
 
