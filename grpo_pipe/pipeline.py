@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
@@ -21,11 +21,11 @@ from grpo_pipe import step_metrics
 from grpo_pipe.bridges.files import copy_tokenizer_files
 from grpo_pipe.checkpointing import Checkpoint, config_differences, find_resume_checkpoint
 from grpo_pipe.config.validate import ConfigError, validate_config
-from grpo_pipe.evaluation import evaluate
 from grpo_pipe.progress import StepProgress
 from grpo_pipe.prompts import render_prompt
 from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
 from grpo_pipe.rollout.scheduler import Ledger, RolloutScheduler, TakenBatch
+from grpo_pipe.run_state import LiveRun, LoopState, RunSettings
 from grpo_pipe.stopping import StopRequest
 from grpo_pipe.types import SamplingSettings
 
@@ -38,25 +38,6 @@ COMPONENT_GROUPS = (
 )
 VALIDATED_GROUPS = COMPONENT_GROUPS + ("policy",)
 PLAIN_KEYS = ("resume", "resume_accept")  # top-level settings that are not components
-
-
-@dataclass(frozen=True)
-class RunSettings:
-    """Settings of the run itself (`run.*`)."""
-
-    name: str | None = None  # MLflow run name; None = this job's overrides
-    seed: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_new_tokens: int = 96
-    eval_every: int = 0
-    eval_size: int = 64
-    eval_max_new_tokens: int = 96
-    early_stop_patience: int = 0  # stop after this many evaluations without a new best; 0 = never
-    max_minutes: float | None = None  # time budget for the training loop: the run ends normally after the step that passes it
-    overlong_prompts: Literal["skip", "truncate"] = "skip"  # prompts that leave no room for max_new_tokens
-    samples_to_log: int = 16
-    seeded_sampling: bool = True  # every batch sampled with a seed derived from `seed`: reproducible, resumable
 
 
 @dataclass
@@ -160,46 +141,12 @@ def _resume_checkpoint(cfg: DictConfig, job: JobContext) -> Checkpoint | None:
     return found
 
 
-@dataclass
-class _LoopState:
-    """What the loop carries from step to step (and what a checkpoint records of it)."""
-
-    pushed_version: int = 0  # the newest policy version the engine has been given
-    train_spans: list[tuple[float, float]] = field(default_factory=list)  # wall clock, trainer busy
-    wait_s: float = 0.0  # trainer time spent waiting for rollouts
-    table: list[dict[str, Any]] = field(default_factory=list)
-    step_rewards: list[float] = field(default_factory=list)  # mean reward per step, from step 1
-    eval_history: list[tuple[int, float]] = field(default_factory=list)  # (step, best_metric value)
-    evals_without_improvement: int = 0
-    trained_through: int = 0  # the last step whose optimizer update is done
-    last_eval: tuple[int, dict[str, float]] = (0, {})  # (step, metrics) of the latest evaluation
-    engine_restarts: int = 0
-
-
-@dataclass
-class _Run:
-    """The live objects of one training run."""
-
-    parts: dict[str, Any]
-    settings: RunSettings
-    model_path: Path
-    tokenizer: Any
-    scheduler: RolloutScheduler
-    eval_prompts: list[tuple[int, ...]]
-    eval_tasks: list[Any]
-    state: _LoopState
-
-    def evaluate(self) -> dict[str, float]:
-        self.parts["placement"].before_rollout(self.parts["rollout"])
-        return evaluate(self.parts["rollout"], self.eval_prompts, self.eval_tasks, self.settings.eval_max_new_tokens)
-
-
 def _train(
     cfg: DictConfig, parts: dict[str, Any], output_dir: Path, resume_from: Checkpoint | None, stop: StopRequest
 ) -> RunResult:
     live = _start(parts)
     settings, trainer, tracker, curriculum = live.settings, parts["trainer"], parts["logger"], parts["curriculum"]
-    first_step = 1 if resume_from is None else _restore(live, resume_from)
+    first_step = 1 if resume_from is None else live.restore(resume_from)
     if resume_from is None:
         first_eval = live.evaluate()
         tracker.log_metrics(first_eval, step=0)
@@ -215,7 +162,7 @@ def _train(
                 metrics = _one_step(step, parts, live.scheduler, live.state, settings.samples_to_log)
             except EngineGaveUp:
                 if live.state.trained_through > 0:  # keep the work done so far, then fail loudly
-                    _save_checkpoint(live, cfg, live.state.trained_through)
+                    live.save_checkpoint(cfg, live.state.trained_through)
                 raise
             early_stop = _maybe_evaluate(live, step, metrics)
             if step not in already_logged:
@@ -227,7 +174,7 @@ def _train(
             out_of_time = deadline is not None and time.time() >= deadline
             stopped_by = stop.reason or ("early_stopping" if early_stop else None) or ("time_budget" if out_of_time else None)
             if parts["checkpoint"].due(step, trainer.steps) or stopped_by:
-                _save_checkpoint(live, cfg, step)
+                live.save_checkpoint(cfg, step)
             if stopped_by:
                 log.warning("Stopping after step %d (%s)", step, stopped_by)
                 break
@@ -239,7 +186,7 @@ def _train(
 _NORMAL_ENDS = ("early_stopping", "time_budget")
 
 
-def _start(parts: dict[str, Any]) -> _Run:
+def _start(parts: dict[str, Any]) -> LiveRun:
     """Load the model, start the engine and the trainer, connect the bridge."""
     data, curriculum, trainer = parts["data"], parts["curriculum"], parts["trainer"]
     engine, bridge, placement, settings = parts["rollout"], parts["weight_bridge"], parts["placement"], parts["run"]
@@ -266,10 +213,10 @@ def _start(parts: dict[str, Any]) -> _Run:
         prompt_limit=engine.max_model_len - settings.max_new_tokens,
         overlong_prompts=settings.overlong_prompts,
     )
-    return _Run(parts, settings, model_path, tokenizer, scheduler, eval_prompts, eval_tasks, _LoopState())
+    return LiveRun(parts, settings, model_path, tokenizer, scheduler, eval_prompts, eval_tasks, LoopState())
 
 
-def _maybe_evaluate(live: _Run, step: int, metrics: dict[str, float]) -> bool:
+def _maybe_evaluate(live: LiveRun, step: int, metrics: dict[str, float]) -> bool:
     """Held-out evaluation every `eval_every` steps; True when early stopping says stop."""
     settings = live.settings
     if not settings.eval_every or step % settings.eval_every != 0 or step == live.parts["trainer"].steps:
@@ -282,7 +229,7 @@ def _maybe_evaluate(live: _Run, step: int, metrics: dict[str, float]) -> bool:
     return patience > 0 and live.state.evals_without_improvement >= patience
 
 
-def _note_eval(live: _Run, step: int, metrics: Mapping[str, float]) -> None:
+def _note_eval(live: LiveRun, step: int, metrics: Mapping[str, float]) -> None:
     """Track the best evaluation; a new best is exported as `best/` (an HF folder)."""
     checkpoints, policy = live.parts["checkpoint"], live.parts["trainer"].policy
     if checkpoints.best_metric is None or checkpoints.best_metric not in metrics:
@@ -302,48 +249,8 @@ def _set_baseline(checkpoints: Any, metrics: Mapping[str, float]) -> bool:
     return True
 
 
-def _save_checkpoint(live: _Run, cfg: DictConfig, step: int) -> None:
-    parts, state = live.parts, live.state
-    loop_state = {
-        "step": step,
-        "mlflow_run_id": parts["logger"].run_id,
-        "pushed_version": state.pushed_version,
-        "curriculum": parts["curriculum"].state_dict(),
-        "scheduler": live.scheduler.snapshot(),
-        "step_rewards": state.step_rewards,
-        "eval_history": state.eval_history,
-        "evals_without_improvement": state.evals_without_improvement,
-        "best_value": parts["checkpoint"].best_value,
-    }
-    config_yaml = OmegaConf.to_yaml(OmegaConf.create({k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items()}))
-    saved = parts["checkpoint"].save(step, parts["trainer"].state_dict(), loop_state, config_yaml)
-    log.info("Checkpoint written: %s", saved.path)
-
-
-def _restore(live: _Run, checkpoint: Checkpoint) -> int:
-    """Put trainer, curriculum, scheduler and engine back where the checkpoint left them; returns the next step."""
-    parts, state = live.parts, live.state
-    loop = checkpoint.loop_state()
-    parts["trainer"].load_state_dict(checkpoint.trainer_state())
-    parts["curriculum"].load_state_dict(loop["curriculum"])
-    state.step_rewards = list(loop["step_rewards"])
-    state.eval_history = [tuple(e) for e in loop["eval_history"]]
-    state.evals_without_improvement = int(loop["evals_without_improvement"])
-    parts["checkpoint"].best_value = loop["best_value"]
-    if loop["pushed_version"] > 0:
-        # The engine started on the base weights: give it the checkpoint's. With sync_every > 1 these are
-        # newer than what the engine served at the checkpoint (only they were saved): samples get fresher.
-        parts["placement"].before_sync(parts["rollout"])
-        parts["weight_bridge"].push(parts["trainer"].policy, parts["trainer"].version)
-        state.pushed_version = parts["trainer"].version
-    tasks_by_uid = {t.uid: t for t in parts["data"].train_tasks()}
-    parts["placement"].before_rollout(parts["rollout"])
-    live.scheduler.restore(loop["scheduler"], tasks_by_uid)
-    return int(loop["step"]) + 1
-
-
-def _finish(live: _Run, loop_s: float, stopped_by: str | None, ended_by: str | None = None) -> RunResult:
-    parts, state, tracker, trainer = live.parts, live.state, live.parts["logger"], live.parts["trainer"]
+def _finish(live: LiveRun, loop_s: float, stopped_by: str | None, ended_by: str | None = None) -> RunResult:
+    state, tracker, trainer = live.state, live.parts["logger"], live.parts["trainer"]
     last_step = len(state.step_rewards)
     evaluated_now = not stopped_by and state.last_eval[0] != last_step
     final_eval = live.evaluate() if evaluated_now else ({} if stopped_by else state.last_eval[1])
@@ -368,7 +275,7 @@ def _finish(live: _Run, loop_s: float, stopped_by: str | None, ended_by: str | N
 
 
 def _one_step(
-    step: int, parts: dict[str, Any], scheduler: RolloutScheduler, state: _LoopState, keep: int
+    step: int, parts: dict[str, Any], scheduler: RolloutScheduler, state: LoopState, keep: int
 ) -> dict[str, float]:
     curriculum, trainer = parts["curriculum"], parts["trainer"]
     engine, bridge, placement, reward = parts["rollout"], parts["weight_bridge"], parts["placement"], parts["reward"]
@@ -406,7 +313,7 @@ def _one_step(
 
 
 def _next_batch(
-    step: int, parts: dict[str, Any], scheduler: RolloutScheduler, state: _LoopState
+    step: int, parts: dict[str, Any], scheduler: RolloutScheduler, state: LoopState
 ) -> tuple[TakenBatch, int]:
     """The next batch with something left to train on; batches dropped whole are skipped (and counted)."""
     trainer, engine, placement = parts["trainer"], parts["rollout"], parts["placement"]
@@ -426,7 +333,7 @@ def _next_batch(
         log.warning("Step %d: every group of a batch was too stale and dropped; taking the next one", step)
 
 
-def _recover_engine(parts: dict[str, Any], scheduler: RolloutScheduler, state: _LoopState, err: EngineLost) -> None:
+def _recover_engine(parts: dict[str, Any], scheduler: RolloutScheduler, state: LoopState, err: EngineLost) -> None:
     """Restart dead engines (the placement backs off and limits how often), give them the current
     weights, and re-issue every request that was in flight."""
     engine, bridge, trainer = parts["rollout"], parts["weight_bridge"], parts["trainer"]

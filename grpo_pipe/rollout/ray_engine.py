@@ -80,8 +80,6 @@ class PendingFleetRollout:
     refs: list[Any]  # one Ray ObjectRef per replica that got prompts
 
     def result(self) -> GeneratedBatch:
-        import ray
-
         parts: list[GeneratedBatch] = _get(self.refs)
         completions = [group for part in parts for group in part.completions]
         return GeneratedBatch(completions, min(p.started_s for p in parts), max(p.finished_s for p in parts))
@@ -144,8 +142,6 @@ class RayEngineFleet:
         return PendingFleetRollout(refs)
 
     def call_workers(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
-        import ray
-
         refs = [a.call_workers.remote(method, args, timeout_s) for a in self.actors]
         return [r for per_actor in _get(refs, timeout_s) for r in per_actor]
 
