@@ -60,7 +60,12 @@ def rollout_metrics(groups: Sequence[RolloutGroup], gen_s: float) -> dict[str, f
         "rollout/generated_tokens_mean": tokens / max(len(completions), 1),
         "rollout/truncated_fraction": sum(c.finish_reason == "length" for c in completions) / max(len(completions), 1),
         "rollout/policy_version_min": float(min(c.policy_version for c in completions)),
-        "rollout/policy_version_max": float(max(c.policy_version for c in completions)),
+        "rollout/policy_version_max": float(max(c.newest_version for c in completions)),
+        # In-flight weight updates: samples that newer weights took over mid-way, and their share of tokens.
+        "rollout/in_flight_updated_fraction": sum(bool(c.version_switches) for c in completions) / max(len(completions), 1),
+        "rollout/tokens_on_newer_weights_fraction": sum(
+            len(c.token_ids) - c.version_switches[0][0] for c in completions if c.version_switches
+        ) / max(tokens, 1),
         "rollout/cached_prompt_fraction": sum(g.completions[0].telemetry.cached_prompt_tokens for g in groups)
         / max(sum(len(g.prompt_token_ids) for g in groups), 1),
     }

@@ -42,8 +42,14 @@ class Completion:
     logprobs: tuple[float, ...]  # [T] log-probability of each token under the sampling policy
     text: str
     finish_reason: str  # "stop" | "length" | "abort"
-    policy_version: int  # version of the weights that generated it
+    policy_version: int  # version of the weights that generated its first token
     telemetry: RequestTelemetry
+    # ((token index, version), ...): where newer weights took over mid-sample (in-flight weight updates)
+    version_switches: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def newest_version(self) -> int:
+        return self.version_switches[-1][1] if self.version_switches else self.policy_version
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import torch
 
 from grpo_pipe.interfaces import RolloutEngine
 from grpo_pipe.rollout.errors import EngineGaveUp
-from grpo_pipe.rollout.ray_engine import EngineHost, RayEngineFleet, explicit_log_levels
+from grpo_pipe.rollout.ray_engine import UPDATES, EngineHost, RayEngineFleet, explicit_log_levels
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 
 log = logging.getLogger(__name__)
@@ -116,7 +116,10 @@ class SplitPlacement:
         for old in self._actors:  # a restart: whatever is left of the previous replicas goes
             ray.kill(old)
         gpus = self.engine_gpus if torch.cuda.is_available() else 0
-        host = ray.remote(num_cpus=self.engine_cpus, num_gpus=gpus, max_restarts=0)(EngineHost)
+        # Weight syncs get a concurrency group of their own, so they reach a replica while it generates.
+        host = ray.remote(
+            num_cpus=self.engine_cpus, num_gpus=gpus, max_restarts=0, concurrency_groups={UPDATES: 1}
+        )(EngineHost)
         run_tag = uuid.uuid4().hex[:8]
         self._actors = [
             host.options(name=f"grpo_pipe-engine-{i}-{run_tag}").remote(template, explicit_log_levels())

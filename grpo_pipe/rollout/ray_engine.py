@@ -1,11 +1,13 @@
 """vLLM engines in Ray actors, driven from the trainer's process as one `RolloutEngine`.
 
 Each replica is an actor holding a `VllmEngine` (in-process inside the actor) on its own devices.
-Ray runs one actor's calls one at a time, in the order the caller made them: a generation
-submitted after a weight sync runs on the new weights, and a sync waits for the generations
-submitted before it. The async loop and every bridge rely on exactly that ordering, so nothing here
-needs a lock. Prompts are split into contiguous shares across replicas and the answers are put back
-in prompt order.
+Ray runs an actor's calls one at a time, in the order the caller made them, with one exception: the
+calls of a weight sync (`call_workers`, `after_external_weight_update`, `set_served_version`) run in a
+concurrency group of their own, so a sync reaches a replica while it generates. The engine applies it
+between two steps: running requests go on with the new weights and their tokens are attributed to
+the versions that produced them (in_flight.py). A generation submitted after a sync returned runs on
+the new weights. Prompts are split into contiguous shares across replicas and the answers are put
+back in prompt order.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.types import GeneratedBatch, SamplingSettings
 
 log = logging.getLogger(__name__)
+
+# The actors' concurrency group for weight syncs: a sync runs beside a generation call (the engine applies
+# it between two steps, see in_flight.py); everything else runs one call at a time, in call order.
+UPDATES = "updates"
 
 
 class EngineHost:
@@ -114,7 +120,7 @@ class RayEngineFleet:
     @served_version.setter
     def served_version(self, version: int) -> None:
         self._version = version
-        self._all("set_served_version", version)
+        self._all("set_served_version", version, group=UPDATES)
 
     def connect(self, model_path: Path, options: dict[str, Any] | None = None) -> None:
         if not self.actors:
@@ -142,11 +148,11 @@ class RayEngineFleet:
         return PendingFleetRollout(refs)
 
     def call_workers(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
-        refs = [a.call_workers.remote(method, args, timeout_s) for a in self.actors]
+        refs = [a.call_workers.options(concurrency_group=UPDATES).remote(method, args, timeout_s) for a in self.actors]
         return [r for per_actor in _get(refs, timeout_s) for r in per_actor]
 
     def after_external_weight_update(self) -> None:
-        self._all("after_external_weight_update")
+        self._all("after_external_weight_update", group=UPDATES)
 
     def use_adapter(self, name: str, adapter_id: int, folder: Path) -> None:
         self._all("use_adapter", name, adapter_id, str(folder))
@@ -184,8 +190,11 @@ class RayEngineFleet:
 
         return ray.get([a.where.remote() for a in self.actors])
 
-    def _all(self, method: str, *args: Any) -> list[Any]:
-        return _get([getattr(a, method).remote(*args) for a in self.actors])
+    def _all(self, method: str, *args: Any, group: str | None = None) -> list[Any]:
+        calls = [getattr(a, method) for a in self.actors]
+        if group is not None:
+            calls = [call.options(concurrency_group=group) for call in calls]
+        return _get([call.remote(*args) for call in calls])
 
 
 def _get(refs: list[Any], timeout_s: float | None = None) -> list[Any]:

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 
 from grpo_pipe import env
+from grpo_pipe.rollout.in_flight import InFlightLog, InFlightUpdates
 from grpo_pipe.types import Completion, GeneratedBatch, RequestTelemetry, SamplingSettings
 
 log = logging.getLogger(__name__)
@@ -114,11 +115,29 @@ class VllmEngine:
                 f"rollout.device_ids={device_ids!r} needs rollout.in_process=false (an engine process of its own)"
             )
         self.device_ids = device_ids
-        self.served_version = 0
+        self.in_flight = InFlightUpdates()  # syncs from other threads land between engine steps
+        self._served_version = 0
         self.model_path: Path | None = None
         self.llm: Any = None
         self.extra_options: dict[str, Any] = {}  # engine options a weight bridge asked for
         self.lora_request: Any = None  # adapter applied to every request, set by the LoRA bridge
+
+    @property
+    def served_version(self) -> int:
+        return self._served_version
+
+    @served_version.setter
+    def served_version(self, version: int) -> None:
+        self.in_flight.gate.run(lambda: self._set_served_version(version))
+
+    def _set_served_version(self, version: int) -> None:
+        self._served_version = version
+        self.in_flight.version_set(version)
+
+    def between_steps(self, work: Any) -> Any:
+        """Run `work()` between two engine steps if a generation is running (its requests go on
+        afterwards), else now. How syncs from another thread reach an engine mid-generation."""
+        return self.in_flight.gate.run(work)
 
     @property
     def on_gpu(self) -> bool:
@@ -200,13 +219,15 @@ class VllmEngine:
             )
             for i, n in enumerate(samples)
         ]
-        outputs = self._llm().generate(
-            [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-            params,
-            use_tqdm=False,
-            lora_request=self.lora_request,
-        )
-        return [self._completions(output) for output in outputs]
+        llm = self._llm()
+        with self.in_flight.generation(llm, self._served_version) as flight:
+            outputs = llm.generate(
+                [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+                params,
+                use_tqdm=False,
+                lora_request=self.lora_request,
+            )
+        return [self._completions(output, flight) for output in outputs]
 
     def submit(
         self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
@@ -222,10 +243,11 @@ class VllmEngine:
     def worker_count(self) -> int:
         return 1  # one worker: tensor and pipeline parallelism are not configured
 
-    def _completions(self, output: Any) -> list[Completion]:
+    def _completions(self, output: Any, flight: InFlightLog) -> list[Completion]:
         completions = []
         for sample in output.outputs:
             ids = tuple(sample.token_ids)
+            first_version, switches = flight.versions_of(str(output.request_id), int(sample.index), len(ids))
             logprobs = tuple(float(step[token].logprob) for token, step in zip(ids, sample.logprobs or ()))
             base = _telemetry(output, len(ids))
             telemetry = RequestTelemetry(**{**base.__dict__, "spec_acceptance_rate": _spec_acceptance(sample)})
@@ -235,8 +257,9 @@ class VllmEngine:
                     logprobs=logprobs,
                     text=sample.text,
                     finish_reason=str(sample.finish_reason),
-                    policy_version=self.served_version,
+                    policy_version=first_version,
                     telemetry=telemetry,
+                    version_switches=switches,
                 )
             )
         return completions
@@ -255,8 +278,15 @@ class VllmEngine:
         self._after_weight_update()
 
     def call_workers(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
-        """Run a worker-extension method in every engine worker (any process layout)."""
-        return self._llm().collective_rpc(method, args=args, timeout=timeout_s)
+        """Run a worker-extension method in every engine worker (any process layout), between engine
+        steps when a generation is running: bridges load weights this way."""
+
+        def work() -> list[Any]:
+            results = self._llm().collective_rpc(method, args=args, timeout=timeout_s)
+            self.in_flight.weights_changed()
+            return results
+
+        return self.in_flight.gate.run(work)
 
     def call_workers_in_process(self, fn: Any) -> Any:
         """Run `fn(worker)` on the in-process worker and return its result object itself (no copy)."""
@@ -266,7 +296,7 @@ class VllmEngine:
 
     def after_external_weight_update(self) -> None:
         """Called by bridges that wrote weights through their own worker methods."""
-        self._llm().reset_prefix_cache()
+        self.in_flight.gate.run(lambda: self._llm().reset_prefix_cache())
 
     def use_adapter(self, name: str, adapter_id: int, folder: Path) -> None:
         """Serve every following request with this LoRA adapter (loaded by vLLM on first use)."""
@@ -285,6 +315,7 @@ class VllmEngine:
             llm.collective_rpc(_refresh_cpu_tied_lm_head)
         # KV blocks cached under the old weights would otherwise be reused silently.
         llm.reset_prefix_cache()
+        self.in_flight.weights_changed()
 
     def sleep(self, level: int) -> None:
         if level > 0:

