@@ -38,6 +38,8 @@ COMPONENT_GROUPS = (
 )
 VALIDATED_GROUPS = COMPONENT_GROUPS + ("policy",)
 PLAIN_KEYS = ("resume", "resume_accept")  # top-level settings that are not components
+# Early stopping and the time budget end a run normally (final evaluation, FINISHED); a signal does not.
+NORMAL_ENDS = ("early_stopping", "time_budget")
 
 
 @dataclass
@@ -178,12 +180,7 @@ def _train(
             if stopped_by:
                 log.warning("Stopping after step %d (%s)", step, stopped_by)
                 break
-    # Early stopping and the time budget are normal ends (final evaluation, FINISHED); a signal is not.
-    normal_end = stopped_by in (None, *_NORMAL_ENDS)
-    return _finish(live, time.time() - loop_started, None if normal_end else stopped_by, ended_by=stopped_by)
-
-
-_NORMAL_ENDS = ("early_stopping", "time_budget")
+    return _finish(live, time.time() - loop_started, ended_by=stopped_by)
 
 
 def _start(parts: dict[str, Any]) -> LiveRun:
@@ -249,8 +246,9 @@ def _set_baseline(checkpoints: Any, metrics: Mapping[str, float]) -> bool:
     return True
 
 
-def _finish(live: LiveRun, loop_s: float, stopped_by: str | None, ended_by: str | None = None) -> RunResult:
+def _finish(live: LiveRun, loop_s: float, ended_by: str | None) -> RunResult:
     state, tracker, trainer = live.state, live.parts["logger"], live.parts["trainer"]
+    stopped_by = None if ended_by in (None, *NORMAL_ENDS) else ended_by  # a signal: no final evaluation
     last_step = len(state.step_rewards)
     evaluated_now = not stopped_by and state.last_eval[0] != last_step
     final_eval = live.evaluate() if evaluated_now else ({} if stopped_by else state.last_eval[1])

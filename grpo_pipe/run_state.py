@@ -83,7 +83,7 @@ class LiveRun:
             "evals_without_improvement": state.evals_without_improvement,
             "best_value": parts["checkpoint"].best_value,
         }
-        config_yaml = OmegaConf.to_yaml(OmegaConf.create({k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items()}))
+        config_yaml = OmegaConf.to_yaml(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)))
         saved = parts["checkpoint"].save(step, parts["trainer"].state_dict(), loop_state, config_yaml)
         log.info("Checkpoint written: %s", saved.path)
 

@@ -41,8 +41,8 @@ class StepGate:
     def has_pending(self) -> bool:
         return bool(self._pending)
 
-    def drain(self) -> int:
-        """Run the queued work; called by the generating thread between steps. Returns how many ran."""
+    def drain(self) -> None:
+        """Run the queued work; called by the generating thread between steps."""
         with self._lock:
             batch = list(self._pending)
             self._pending.clear()
@@ -51,7 +51,6 @@ class StepGate:
                 done.set_result(work())
             except BaseException as err:  # handed to the thread that asked for the work
                 done.set_exception(err)
-        return len(batch)
 
     @contextmanager
     def generating(self) -> Iterator[None]:
