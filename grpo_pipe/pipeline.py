@@ -256,6 +256,7 @@ def _finish(live: LiveRun, loop_s: float, ended_by: str | None) -> RunResult:
         **(final_eval if evaluated_now else {}),
         **step_metrics.quarter_summary(state.step_rewards),
         **step_metrics.overlap_summary(live.scheduler, state.train_spans, state.wait_s, loop_s),
+        "summary/in_flight_updated_fraction": state.samples_updated_in_flight / max(state.samples, 1),
     }
     if last_step < trainer.steps and ended_by == "early_stopping":
         summary["summary/early_stopped_at"] = float(last_step)
@@ -284,6 +285,8 @@ def _one_step(
     uids = [g.task.uid for g in groups for _ in g.completions]
     gen_s = taken.generated.finished_s - taken.generated.started_s
     metrics = {**step_metrics.rollout_metrics(groups, gen_s), **step_metrics.reward_metrics(scored)}
+    state.samples += len(uids)
+    state.samples_updated_in_flight += sum(bool(c.version_switches) for g in groups for c in g.completions)
     metrics.update(step_metrics.async_metrics(taken, dropped, scheduler))
     # Difficulty is how well a task is solved: latency and length terms would drown it (and are noise here).
     metrics.update(curriculum.update(uids, scored.difficulty_signal) or {})

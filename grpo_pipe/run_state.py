@@ -50,6 +50,9 @@ class LoopState:
     trained_through: int = 0  # the last step whose optimizer update is done
     last_eval: tuple[int, dict[str, float]] = (0, {})  # (step, metrics) of the latest evaluation
     engine_restarts: int = 0
+    # This process's loop only, like train_spans: samples trained on, and those new weights reached mid-way.
+    samples: int = 0
+    samples_updated_in_flight: int = 0
 
 
 @dataclass

@@ -36,6 +36,7 @@ def run_variant(overrides: list[str], staleness: int, steps: int, out: Path) -> 
         "overlap_fraction": result.summary["summary/overlap_fraction"],
         "engine_idle_fraction": result.summary["summary/engine_idle_fraction"],
         "trainer_idle_fraction": result.summary["summary/trainer_idle_fraction"],
+        "in_flight_updated_fraction": result.summary["summary/in_flight_updated_fraction"],
         "groups_trained": result.ledger.trained,
         "groups_dropped": sum(result.ledger.dropped.values()),
     }
@@ -66,7 +67,7 @@ def format_row(row: dict[str, Any]) -> str:
     return (
         f"max_staleness={row['max_staleness']}  {row['step_s']:7.2f} s/step  speed-up vs first {row['ratio_vs_first']:.2f}x  "
         f"overlap {row['overlap_fraction']:.2f}  engine idle {row['engine_idle_fraction']:.2f}  "
-        f"trainer idle {row['trainer_idle_fraction']:.2f}  trained {row['groups_trained']} dropped {row['groups_dropped']}"
+        f"trainer idle {row['trainer_idle_fraction']:.2f}  updated in flight {row['in_flight_updated_fraction']:.2f}  trained {row['groups_trained']} dropped {row['groups_dropped']}"
     )
 
 

@@ -2,12 +2,12 @@
 
 Each replica is an actor holding a `VllmEngine` (in-process inside the actor) on its own devices.
 Ray runs an actor's calls one at a time, in the order the caller made them, with one exception: the
-calls of a weight sync (`call_workers`, `after_external_weight_update`, `set_served_version`) run in a
-concurrency group of their own, so a sync reaches a replica while it generates. The engine applies it
-between two steps: running requests go on with the new weights and their tokens are attributed to
-the versions that produced them (in_flight.py). A generation submitted after a sync returned runs on
-the new weights. Prompts are split into contiguous shares across replicas and the answers are put
-back in prompt order.
+calls of a weight sync (`call_workers`, `after_external_weight_update`, `set_served_version`) and the
+`is_generating` probe run in a concurrency group of their own, so a sync reaches a replica while it
+generates. The engine applies it between two steps: running requests go on with the new weights and
+their tokens are attributed to the versions that produced them (in_flight.py). A generation submitted
+after a sync returned runs on the new weights. Prompts are split into contiguous shares across
+replicas and the answers are put back in prompt order.
 """
 
 from __future__ import annotations
@@ -50,6 +50,9 @@ class EngineHost:
 
     def set_served_version(self, version: int) -> None:
         self.engine.served_version = version
+
+    def is_generating(self) -> bool:
+        return self.engine.is_generating()
 
     def call_workers(self, method: str, args: tuple[Any, ...], timeout_s: float | None) -> list[Any]:
         return self.engine.call_workers(method, *args, timeout_s=timeout_s)
@@ -153,6 +156,10 @@ class RayEngineFleet:
 
     def after_external_weight_update(self) -> None:
         self._all("after_external_weight_update", group=UPDATES)
+
+    def generating(self) -> list[bool]:
+        """Per replica, whether a generation call is running (asked beside it, in the updates group)."""
+        return self._all("is_generating", group=UPDATES)
 
     def use_adapter(self, name: str, adapter_id: int, folder: Path) -> None:
         self._all("use_adapter", name, adapter_id, str(folder))

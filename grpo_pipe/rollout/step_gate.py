@@ -38,6 +38,11 @@ class StepGate:
             self._pending.append((work, done))
         return done.result()
 
+    @property
+    def generating(self) -> bool:
+        """Whether a generation call holds the gate: work given now waits for the next step boundary."""
+        return self._generating
+
     def has_pending(self) -> bool:
         return bool(self._pending)
 

@@ -134,6 +134,10 @@ class VllmEngine:
         self._served_version = version
         self.in_flight.version_set(version)
 
+    def is_generating(self) -> bool:
+        """Whether a generation call is running (a sync given now lands between two of its steps)."""
+        return self.in_flight.gate.generating
+
     def between_steps(self, work: Any) -> Any:
         """Run `work()` between two engine steps if a generation is running (its requests go on
         afterwards), else now. How syncs from another thread reach an engine mid-generation."""

@@ -7,10 +7,13 @@ from collections.abc import Iterator
 
 import pytest
 import ray
+import torch
 from mlflow.tracking import MlflowClient
+from transformers import AutoTokenizer
 
 from grpo_pipe.config.validate import ConfigError
 from grpo_pipe.pipeline import JobContext, build, run
+from grpo_pipe.types import SamplingSettings
 from tests.bridges.equality import train_sync_and_compare
 
 
@@ -67,6 +70,51 @@ def test_drop_policy_discards_too_stale_groups_and_accounts_for_each(compose_cfg
     assert sum(ledger.dropped.values()) >= 4  # the batch generated ahead on old weights was dropped
     dropped_total = _history(client, result.run_id, "async/groups_dropped_total")[-1]
     assert dropped_total == sum(ledger.dropped.values())
+
+
+def test_a_broadcast_mid_generation_reaches_the_actor_engine_between_two_steps(compose_cfg) -> None:
+    """The nccl bridge (gloo on CPU) pushes while the engine actor generates: the push goes through the
+    actor's updates group, lands between two engine steps, and running samples continue on the new
+    weights with the switch recorded at the exact token (checked against the same seeded run)."""
+    parts = build(compose_cfg(["placement=split", "weight_bridge=nccl"]))
+    engine, trainer, bridge = parts["rollout"], parts["trainer"], parts["weight_bridge"]
+    model_path = parts["model"].materialize()
+    prompts = [[3 + (11 * i + 5 * j) % 400 for j in range(24)] for i in range(6)]
+    sampling = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=400, seed=5)
+    engine.connect(model_path, bridge.engine_options())
+    try:
+        trainer.setup(model_path, parts["placement"].trainer_device(),
+                      pad_id=AutoTokenizer.from_pretrained(model_path).pad_token_id)
+        bridge.connect(engine, trainer.policy)
+        before = engine.generate(prompts, [2] * len(prompts), sampling)  # version 0 throughout
+        with torch.no_grad():  # other weights under the same names: the new version clearly speaks differently
+            for name, weight in trainer.policy.named_weights():
+                if ".mlp." in name:
+                    weight.mul_(1.5)
+        pending = engine.submit(prompts, [2] * len(prompts), sampling)
+        deadline = time.monotonic() + 60
+        while not all(engine.generating()) and time.monotonic() < deadline:
+            time.sleep(0.002)
+        stats = bridge.push(trainer.policy, 1)
+        during = pending.result().completions
+        after = engine.generate(prompts, [2] * len(prompts), sampling)
+    finally:
+        bridge.close()
+        engine.shutdown()
+        parts["placement"].close()
+    assert stats.policy_version == 1 == engine.served_version and stats.bytes_moved > 0
+    pairs = [(b, d) for bg, dg in zip(before, during) for b, d in zip(bg, dg)]
+    split = [(b, d) for b, d in pairs if d.version_switches]
+    assert split, "the push did not land while samples were running"
+    for old, mixed in split:
+        (index, version), = mixed.version_switches
+        assert mixed.policy_version == 0 and version == 1 and 0 < index < len(mixed.token_ids)
+        assert mixed.token_ids[:index] == old.token_ids[:index]  # before the switch: the old weights
+    assert any(m.token_ids[i:] != o.token_ids[i:] for o, m in split for (i, _) in [m.version_switches[0]])
+    # Samples that had finished before the push are wholly old; nothing in `during` claims the new
+    # weights from its first token, since the push arrived after generation began.
+    assert all(d.policy_version == 0 and (d.version_switches or d.token_ids == b.token_ids) for b, d in pairs)
+    assert all(c.policy_version == 1 and not c.version_switches for group in after for c in group)
 
 
 def _kill_engine_when(path, done: threading.Event) -> None:
