@@ -37,6 +37,16 @@ def sample_key(engine_request_id: str) -> tuple[str, int]:
     return parent.split("-", 1)[0], int(index)
 
 
+def tokens_scheduled(request: Any) -> int:
+    """Output tokens of a request that were computed, or are being computed, on the weights loaded so far.
+
+    With async scheduling (vLLM's default on GPU) one batch may still be running when queued work runs:
+    its forward pass was launched before the weight load, on the same stream, so its tokens come from
+    the old weights, but they are still placeholders in the scheduler's counts.
+    """
+    return int(request.num_output_tokens) + int(getattr(request, "num_output_placeholders", 0) or 0)
+
+
 @dataclass
 class _Switch:
     tokens_done: dict[tuple[str, int], int]  # (request id, sample index) -> tokens generated before the switch
@@ -103,7 +113,7 @@ class InFlightUpdates:
         if self._log is None:
             return
         requests = scheduler_requests(self._llm) or {}
-        done = {sample_key(rid): int(req.num_output_tokens) for rid, req in requests.items()}
+        done = {sample_key(rid): tokens_scheduled(req) for rid, req in requests.items()}
         self._log.switches.append(_Switch(done))
 
     def version_set(self, version: int) -> None:

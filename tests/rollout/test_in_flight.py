@@ -4,6 +4,7 @@ is applied between two engine steps, and each sample's tokens split exactly wher
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from grpo_pipe.bridges.files import copy_tokenizer_files
 from grpo_pipe.models.tiny_random import TinyRandomModel
-from grpo_pipe.rollout.in_flight import sample_key
+from grpo_pipe.rollout.in_flight import sample_key, tokens_scheduled
 from grpo_pipe.rollout.step_gate import StepGate
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.types import SamplingSettings
@@ -89,3 +90,10 @@ def test_sample_keys_follow_vllm_request_ids() -> None:
     assert sample_key("1_4-981ffec2") == ("4", 1)
     assert sample_key("4-981ffec2") == ("4", 0)
     assert sample_key("12") == ("12", 0)
+
+
+def test_tokens_still_being_computed_count_as_the_old_weights() -> None:
+    # Async scheduling (vLLM's GPU default) may have a batch running when the sync lands; its forward pass
+    # was launched before the weight load, so its tokens (placeholders in the scheduler) are old-weight tokens.
+    assert tokens_scheduled(SimpleNamespace(num_output_tokens=5, num_output_placeholders=1)) == 6
+    assert tokens_scheduled(SimpleNamespace(num_output_tokens=5)) == 5
