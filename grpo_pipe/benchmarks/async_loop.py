@@ -3,8 +3,11 @@
 Every variant trains the same number of steps on the same number of samples; the figure is the
 wall clock of the training loop per step (evaluation excluded) and its ratio to the synchronous one.
 
-    python -m grpo_pipe.benchmarks.async_loop --staleness 0,1,2 --steps 8 \\
+    python -m grpo_pipe.benchmarks.async_loop --staleness 0,1,2 --steps 8 [--compare-in-flight] \\
         placement=split weight_bridge=nccl model=tiny_random          # any config overrides follow
+
+`--compare-in-flight` adds each async variant again with `rollout.in_flight_updates=false` (a sync
+that arrives mid-generation then waits for the running generate call to end).
 """
 
 from __future__ import annotations
@@ -23,13 +26,17 @@ from grpo_pipe.pipeline import JobContext, run
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
 
-def run_variant(overrides: list[str], staleness: int, steps: int, out: Path) -> dict[str, Any]:
+def run_variant(overrides: list[str], staleness: int, steps: int, out: Path, in_flight: bool = True) -> dict[str, Any]:
+    variant = [f"trainer.max_staleness={staleness}", f"trainer.steps={steps}", "logger=none",
+               f"rollout.in_flight_updates={str(in_flight).lower()}"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        cfg = compose("config", overrides=[*overrides, f"trainer.max_staleness={staleness}", f"trainer.steps={steps}", "logger=none"])
-    result = run(cfg, JobContext(output_dir=out / f"staleness{staleness}", run_name=f"async-{staleness}"))
+        cfg = compose("config", overrides=[*overrides, *variant])
+    name = f"staleness{staleness}" + ("" if in_flight else "-no-in-flight")
+    result = run(cfg, JobContext(output_dir=out / name, run_name=f"async-{name}"))
     loop_s = result.summary["summary/loop_s"]
     return {
         "max_staleness": staleness,
+        "in_flight_updates": in_flight,
         "steps": steps,
         "loop_s": loop_s,
         "step_s": loop_s / steps,
@@ -47,6 +54,8 @@ def main() -> None:
     parser.add_argument("--staleness", default="0,1,2", help="max_staleness values; the first is the baseline")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    parser.add_argument("--compare-in-flight", action="store_true",
+                        help="also run every async variant with rollout.in_flight_updates=false")
     parser.add_argument("overrides", nargs="*", help="config overrides, as on the grpo_pipe command line")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -55,17 +64,19 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="grpo_pipe-async-bench-") as out:
         for staleness in (int(s) for s in args.staleness.split(",")):
-            row = run_variant(args.overrides, staleness, args.steps, Path(out))
-            row["ratio_vs_first"] = rows[0]["step_s"] / row["step_s"] if rows else 1.0
-            rows.append(row)
-            print(format_row(row), flush=True)
+            for in_flight in (True, False) if args.compare_in_flight and staleness > 0 else (True,):
+                row = run_variant(args.overrides, staleness, args.steps, Path(out), in_flight)
+                row["ratio_vs_first"] = rows[0]["step_s"] / row["step_s"] if rows else 1.0
+                rows.append(row)
+                print(format_row(row), flush=True)
     if args.json:
         args.json.write_text(json.dumps({"overrides": args.overrides, "rows": rows}, indent=2))
 
 
 def format_row(row: dict[str, Any]) -> str:
     return (
-        f"max_staleness={row['max_staleness']}  {row['step_s']:7.2f} s/step  speed-up vs first {row['ratio_vs_first']:.2f}x  "
+        f"max_staleness={row['max_staleness']}{'' if row['in_flight_updates'] else ' (in-flight off)'}  "
+        f"{row['step_s']:7.2f} s/step  speed-up vs first {row['ratio_vs_first']:.2f}x  "
         f"overlap {row['overlap_fraction']:.2f}  engine idle {row['engine_idle_fraction']:.2f}  "
         f"trainer idle {row['trainer_idle_fraction']:.2f}  updated in flight {row['in_flight_updated_fraction']:.2f}  trained {row['groups_trained']} dropped {row['groups_dropped']}"
     )

@@ -79,7 +79,8 @@ class InFlightLog:
 class InFlightUpdates:
     """The gate plus the bookkeeping that attributes tokens to versions."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled  # off: queued work waits for the end of the generation call
         self.gate = StepGate()
         self._log: InFlightLog | None = None
         self._llm: Any = None
@@ -89,7 +90,7 @@ class InFlightUpdates:
         """Wrap one generation call: queued work runs between its steps where tokens can be attributed."""
         log = InFlightLog(version)
         engine = llm.llm_engine
-        hook = scheduler_requests(llm) is not None
+        hook = self.enabled and scheduler_requests(llm) is not None
         with self.gate.generating():
             self._log, self._llm = log, llm
             if hook:

@@ -98,6 +98,7 @@ class VllmEngine:
         seed: int = 0,
         speculative_config: dict[str, Any] | None = None,
         device_ids: str | None = None,
+        in_flight_updates: bool = True,
     ) -> None:
         self.dtype = dtype
         self.max_model_len = max_model_len
@@ -115,7 +116,8 @@ class VllmEngine:
                 f"rollout.device_ids={device_ids!r} needs rollout.in_process=false (an engine process of its own)"
             )
         self.device_ids = device_ids
-        self.in_flight = InFlightUpdates()  # syncs from other threads land between engine steps
+        # Syncs from other threads land between engine steps (off: they wait for the running generate call).
+        self.in_flight = InFlightUpdates(enabled=in_flight_updates)
         self._served_version = 0
         self.model_path: Path | None = None
         self.llm: Any = None

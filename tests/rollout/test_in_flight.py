@@ -79,6 +79,26 @@ def test_a_sync_mid_generation_splits_every_running_sample_at_the_same_token(tmp
     assert all(c.policy_version == 1 and not c.version_switches for group in after for c in group)
 
 
+def test_switched_off_a_sync_waits_for_the_running_generation(tmp_path) -> None:
+    source = TinyRandomModel().materialize()
+    other = _other_weights(source, tmp_path / "other")
+    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25, in_flight_updates=False)
+    engine.connect(source)
+    try:
+        before = engine.generate(PROMPTS, [2] * len(PROMPTS), SAMPLING)
+        syncing = _sync_after(engine, other, steps=6)
+        during = engine.generate(PROMPTS, [2] * len(PROMPTS), SAMPLING)
+        syncing.join(timeout=60)
+        after = engine.generate(PROMPTS, [2] * len(PROMPTS), SAMPLING)
+    finally:
+        engine.shutdown()
+    old_tokens = [[c.token_ids for c in group] for group in before]
+    assert [[c.token_ids for c in group] for group in during] == old_tokens  # old weights to the end
+    assert all(c.policy_version == 0 and not c.version_switches for group in during for c in group)
+    assert all(c.policy_version == 1 for group in after for c in group)
+    assert [[c.token_ids for c in group] for group in after] != old_tokens
+
+
 def test_without_a_generation_work_runs_at_once_and_errors_reach_the_caller() -> None:
     gate = StepGate()
     assert gate.run(lambda: 7) == 7
