@@ -95,6 +95,7 @@ def test_a_broadcast_mid_generation_reaches_the_actor_engine_between_two_steps(c
         deadline = time.monotonic() + 60
         while not all(engine.generating()) and time.monotonic() < deadline:
             time.sleep(0.002)
+        time.sleep(0.3)  # some engine steps in (a push before the first step would make every sample new)
         stats = bridge.push(trainer.policy, 1)
         during = pending.result().completions
         after = engine.generate(prompts, [2] * len(prompts), sampling)
