@@ -16,6 +16,7 @@ from typing import Any, Literal
 import torch
 
 from grpo_pipe import env
+from grpo_pipe.rollout import vllm_fixes
 from grpo_pipe.rollout.in_flight import InFlightLog, InFlightUpdates
 from grpo_pipe.types import Completion, GeneratedBatch, RequestTelemetry, SamplingSettings
 
@@ -197,6 +198,8 @@ class VllmEngine:
 
         if options is not None:
             self.extra_options = dict(options)
+        if self.speculative_config and not self.on_gpu:
+            vllm_fixes.ensure_cpu_speculation_fixed(self.in_process)
         started = time.perf_counter()
         self.model_path = Path(model_path)
         with env.visible_devices(self.device_ids):

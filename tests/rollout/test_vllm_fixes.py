@@ -38,6 +38,16 @@ def test_vllm_loads_the_fix_as_a_plugin() -> None:
     assert rejection_sampler.expand_batch_to_tokens(temperature, torch.tensor([1, 3]), 3).tolist() == [0.5, 2.0, 2.0]
 
 
+def test_an_engine_process_that_would_miss_the_fix_is_refused(monkeypatch) -> None:
+    assert vllm_fixes.plugin_will_load()
+    monkeypatch.setenv("VLLM_PLUGINS", "some_other_plugin")
+    assert not vllm_fixes.plugin_will_load()
+    engine = VllmEngine(dtype="float32", speculative_config=NGRAM, in_process=False)
+    with pytest.raises(RuntimeError, match="grpo_pipe_fixes"):
+        engine.connect(TinyRandomModel().materialize())  # refused before any engine starts
+    vllm_fixes.ensure_cpu_speculation_fixed(in_process=True)  # in this process the fix is applied directly
+
+
 def test_sampled_speculation_keeps_the_models_log_probs() -> None:
     """Without the fix about one in ten speculated tokens came back with a NaN log-prob, and drafts the
     model would accept were rejected for tokens drawn from garbage."""
