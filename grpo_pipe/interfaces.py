@@ -108,6 +108,11 @@ class WorkerRpcEngine(Protocol):
 class AdapterEngine(Protocol):
     """An engine that serves LoRA adapters loaded while it runs."""
 
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype the engine computes adapters in (vLLM's LoRA dtype follows the model's)."""
+        ...
+
     def use_adapter(self, name: str, adapter_id: int, folder: Path) -> None: ...
 
     def retire_adapter(self, adapter_id: int) -> None: ...

@@ -58,7 +58,7 @@ class LoraHotSwapBridge:
         started = time.perf_counter()
         folder = self._root / f"v{version}"
         tmp = self._root / f".v{version}.tmp"
-        policy.save_adapter(tmp)
+        policy.save_adapter(tmp, dtype=self.engine.weight_dtype)
         replace_atomically(tmp, folder)
         written = time.perf_counter()
         self.engine.use_adapter(f"policy-v{version}", version, folder)

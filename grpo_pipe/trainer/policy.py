@@ -73,10 +73,12 @@ class LoraPolicy:
         self.target_modules = list(target_modules)
         self.gradient_checkpointing = gradient_checkpointing
         self.module: torch.nn.Module | None = None
+        self._adapter_tensors: dict[str, torch.Tensor] | None = None  # saved name -> the live parameter's data
 
     def load(self, model_path: Path, device: torch.device, dtype: torch.dtype) -> None:
         from peft import LoraConfig, get_peft_model
 
+        self._adapter_tensors = None
         base = _load_causal_lm(model_path, device, dtype)
         if self.gradient_checkpointing:
             base.gradient_checkpointing_enable()
@@ -111,21 +113,35 @@ class LoraPolicy:
             module.unmerge_adapter()
         return iter(merged)
 
-    def save_adapter(self, path: Path) -> None:
+    def save_adapter(self, path: Path, dtype: torch.dtype | None = None) -> None:
         """The adapter in peft's folder format: adapter_config.json + adapter_model.safetensors.
 
         Written directly (not through `save_pretrained`, which also renders a model card): this runs
-        on every LoRA sync, so its cost is sync latency.
+        on every LoRA sync, so its cost is sync latency. `dtype`: cast to what the engine computes in
+        (it would cast on load, to the same values), so an fp32 trainer writes half the bytes for a bf16 engine.
         """
-        from peft import get_peft_model_state_dict
         from safetensors.torch import save_file
 
         module = self._module()
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         module.peft_config["default"].save_pretrained(str(path))
-        state = {k: v.detach().contiguous() for k, v in get_peft_model_state_dict(module).items()}
+        state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in self._adapter_state().items()}
         save_file(state, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+    def _adapter_state(self) -> dict[str, torch.Tensor]:
+        """peft's adapter state dict. Walking the model for it is most of a save's cost, and its tensors are
+        the parameters' own storage (updated in place by the optimizer), so it is computed once."""
+        from peft import get_peft_model_state_dict
+
+        if self._adapter_tensors is None:
+            module = self._module()
+            state = get_peft_model_state_dict(module)
+            live = {p.data_ptr() for p in module.parameters()}
+            if not all(t.data_ptr() in live for t in state.values()):
+                return state  # copies, not views: they must be taken afresh every time
+            self._adapter_tensors = state
+        return self._adapter_tensors
 
     def save_pretrained(self, path: Path) -> None:
         """A full merged checkpoint (what a fresh engine would load)."""
