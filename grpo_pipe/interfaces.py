@@ -126,7 +126,9 @@ class Policy(Protocol):
         """Full-model weights under Hugging Face checkpoint names (LoRA merged where relevant)."""
         ...
 
-    def save_pretrained(self, path: Path) -> None: ...
+    def save_pretrained(self, path: Path, dtype: torch.dtype | None = None) -> None:
+        """A full Hugging Face checkpoint (LoRA merged), cast to `dtype` when given."""
+        ...
 
 
 @runtime_checkable

@@ -52,7 +52,7 @@ class CheckpointRestartBridge:
         started = time.perf_counter()
         folder = self._root / f"policy-v{version}"
         tmp = Path(tempfile.mkdtemp(prefix=f".policy-v{version}.", dir=self._root))
-        policy.save_pretrained(tmp)
+        policy.save_pretrained(tmp, dtype=self.engine.weight_dtype)  # what the engine would cast to on load
         copy_tokenizer_files(self._source, tmp)
         replace_atomically(tmp, folder)
         written = time.perf_counter()

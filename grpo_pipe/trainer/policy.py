@@ -47,8 +47,10 @@ class FullFinetunePolicy:
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         return _hf_weights(self._module())
 
-    def save_pretrained(self, path: Path) -> None:
-        self._module().save_pretrained(path, safe_serialization=True)
+    def save_pretrained(self, path: Path, dtype: torch.dtype | None = None) -> None:
+        module = self._module()
+        state = None if dtype is None else {k: v.to(dtype) for k, v in _hf_weights(module)}
+        module.save_pretrained(path, state_dict=state, safe_serialization=True)
 
     def _module(self) -> torch.nn.Module:
         if self.module is None:
@@ -143,13 +145,13 @@ class LoraPolicy:
             self._adapter_tensors = state
         return self._adapter_tensors
 
-    def save_pretrained(self, path: Path) -> None:
+    def save_pretrained(self, path: Path, dtype: torch.dtype | None = None) -> None:
         """A full merged checkpoint (what a fresh engine would load)."""
         module = self._module()
         module.merge_adapter()
         try:
             base = module.get_base_model()
-            state = {k.replace(".base_layer", ""): v for k, v in base.state_dict().items() if "lora_" not in k}
+            state = {k.replace(".base_layer", ""): v.to(dtype or v.dtype) for k, v in _hf_weights(base) if "lora_" not in k}
             base.save_pretrained(path, state_dict=state, safe_serialization=True)
         finally:
             module.unmerge_adapter()

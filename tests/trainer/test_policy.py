@@ -1,4 +1,4 @@
-"""The LoRA policy's adapter export: what a sync writes must be the adapter as it is now."""
+"""The policies' exports: what a sync writes must be the weights as they are now, in the dtype asked for."""
 
 import torch
 from peft import get_peft_model_state_dict
@@ -6,7 +6,7 @@ from safetensors.torch import load_file
 
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.trainer.grpo import GRPOTrainer
-from grpo_pipe.trainer.policy import LoraPolicy
+from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy
 from tests.trainer.test_grpo import _groups
 
 
@@ -26,3 +26,13 @@ def test_each_saved_adapter_holds_the_weights_of_its_moment(tmp_path) -> None:
     assert any(not torch.equal(saved[0][k], saved[1][k]) for k in now)  # the step moved the adapter
     assert all(saved[2][k].dtype == torch.bfloat16 and torch.equal(saved[2][k], now[k].bfloat16()) for k in now)
     assert (tmp_path / "v1" / "adapter_config.json").exists()
+
+
+def test_a_checkpoint_cast_for_the_engine_has_the_same_tensors_in_its_dtype(tmp_path) -> None:
+    policy = FullFinetunePolicy()
+    policy.load(TinyRandomModel().materialize(), torch.device("cpu"), torch.float32)
+    policy.save_pretrained(tmp_path / "f32")
+    policy.save_pretrained(tmp_path / "bf16", dtype=torch.bfloat16)
+    f32, bf16 = (load_file(tmp_path / v / "model.safetensors") for v in ("f32", "bf16"))
+    assert f32.keys() == bf16.keys()  # tied weights are handled the same way
+    assert all(bf16[k].dtype == torch.bfloat16 and torch.equal(bf16[k], f32[k].bfloat16()) for k in f32)
