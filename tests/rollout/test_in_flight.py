@@ -54,10 +54,11 @@ def _sync_after(engine: VllmEngine, folder: Path, steps: int) -> threading.Threa
     return thread
 
 
-def test_a_sync_mid_generation_splits_every_running_sample_at_the_same_token(tmp_path) -> None:
+def _generate_around_a_sync(tmp_path: Path, **engine_options):
+    """Three seeded generations: before, during (a sync to other weights lands after 6 engine steps), after."""
     source = TinyRandomModel().materialize()
     other = _other_weights(source, tmp_path / "other")
-    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25)
+    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25, **engine_options)
     engine.connect(source)
     try:
         before = engine.generate(PROMPTS, [2] * len(PROMPTS), SAMPLING)  # old weights throughout
@@ -67,6 +68,11 @@ def test_a_sync_mid_generation_splits_every_running_sample_at_the_same_token(tmp
         after = engine.generate(PROMPTS, [2] * len(PROMPTS), SAMPLING)
     finally:
         engine.shutdown()
+    return before, during, after
+
+
+def test_a_sync_mid_generation_splits_every_running_sample_at_the_same_token(tmp_path) -> None:
+    before, during, after = _generate_around_a_sync(tmp_path)
     split = [(b, d) for bg, dg in zip(before, during) for b, d in zip(bg, dg) if d.version_switches]
     assert split, "no sample was running when the sync landed"
     for old, mixed in split:
@@ -80,18 +86,7 @@ def test_a_sync_mid_generation_splits_every_running_sample_at_the_same_token(tmp
 
 
 def test_switched_off_a_sync_waits_for_the_running_generation(tmp_path) -> None:
-    source = TinyRandomModel().materialize()
-    other = _other_weights(source, tmp_path / "other")
-    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25, in_flight_updates=False)
-    engine.connect(source)
-    try:
-        before = engine.generate(PROMPTS, [2] * len(PROMPTS), SAMPLING)
-        syncing = _sync_after(engine, other, steps=6)
-        during = engine.generate(PROMPTS, [2] * len(PROMPTS), SAMPLING)
-        syncing.join(timeout=60)
-        after = engine.generate(PROMPTS, [2] * len(PROMPTS), SAMPLING)
-    finally:
-        engine.shutdown()
+    before, during, after = _generate_around_a_sync(tmp_path, in_flight_updates=False)
     old_tokens = [[c.token_ids for c in group] for group in before]
     assert [[c.token_ids for c in group] for group in during] == old_tokens  # old weights to the end
     assert all(c.policy_version == 0 and not c.version_switches for group in during for c in group)
