@@ -39,7 +39,7 @@ class StepGate:
         return done.result()
 
     @property
-    def generating(self) -> bool:
+    def in_generation(self) -> bool:
         """Whether a generation call holds the gate: work given now waits for the next step boundary."""
         return self._generating
 

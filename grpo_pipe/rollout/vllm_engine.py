@@ -139,7 +139,7 @@ class VllmEngine:
 
     def is_generating(self) -> bool:
         """Whether a generation call is running (a sync given now lands between two of its steps)."""
-        return self.in_flight.gate.generating
+        return self.in_flight.gate.in_generation
 
     def between_steps(self, work: Any) -> Any:
         """Run `work()` between two engine steps if a generation is running (its requests go on

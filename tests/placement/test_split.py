@@ -91,10 +91,12 @@ def test_a_broadcast_mid_generation_reaches_the_actor_engine_between_two_steps(c
             for name, weight in trainer.policy.named_weights():
                 if ".mlp." in name:
                     weight.mul_(1.5)
+        assert engine.generating() == [False]  # the probe answers while idle ...
         pending = engine.submit(prompts, [2] * len(prompts), sampling)
         deadline = time.monotonic() + 60
         while not all(engine.generating()) and time.monotonic() < deadline:
             time.sleep(0.002)
+        assert engine.generating() == [True]  # ... and beside a running generation
         time.sleep(0.3)  # some engine steps in (a push before the first step would make every sample new)
         stats = bridge.push(trainer.policy, 1)
         during = pending.result().completions

@@ -96,6 +96,9 @@ def test_switched_off_a_sync_waits_for_the_running_generation(tmp_path) -> None:
 
 def test_without_a_generation_work_runs_at_once_and_errors_reach_the_caller() -> None:
     gate = StepGate()
+    assert gate.in_generation is False
+    with gate.generating():
+        assert gate.in_generation is True
     assert gate.run(lambda: 7) == 7
     with pytest.raises(ZeroDivisionError):
         gate.run(lambda: 1 / 0)
