@@ -31,7 +31,7 @@ def job_context() -> "JobContext":
     )
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from grpo_pipe.pipeline import run
 

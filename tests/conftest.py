@@ -11,7 +11,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 REPO = Path(__file__).resolve().parents[1]
-CONF = REPO / "conf"
+CONF = REPO / "grpo_pipe" / "conf"
 # GSM8K (MIT): the full train+test beside the repo when present, else the test split kept in tests/fixtures.
 _SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 GSM8K_DIR = _SHARED_GSM8K if (_SHARED_GSM8K / "train.jsonl").exists() else REPO / "tests" / "fixtures" / "gsm8k"

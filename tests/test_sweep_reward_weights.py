@@ -15,7 +15,6 @@ TERMS = ("task", "latency_ms", "generated_tokens", "kv_memory_mb", "spec_accept_
 
 
 def test_the_sweep_crosses_delta_and_beta(monkeypatch) -> None:
-    monkeypatch.chdir(REPO)  # sweeps/ is found through the repo root on the search path
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=["+sweeps=reward_weights"], return_hydra_config=True)
     params = dict(cfg.hydra.sweeper.params)

@@ -11,12 +11,11 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import CONF, REPO, TINY
 
-SWEEPS = sorted(p.stem for p in (REPO / "sweeps").glob("*.yaml"))
+SWEEPS = sorted(p.stem for p in (CONF / "sweeps").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("sweep", SWEEPS)
 def test_sweep_composes_with_params(sweep: str, monkeypatch) -> None:
-    monkeypatch.chdir(REPO)  # sweeps/ is found through the repo root on the search path
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[f"+sweeps={sweep}"], return_hydra_config=True)
     assert cfg.hydra.sweeper.params, f"sweeps/{sweep}.yaml sweeps nothing"

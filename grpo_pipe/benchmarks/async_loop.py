@@ -23,7 +23,7 @@ from hydra import compose, initialize_config_dir
 
 from grpo_pipe.pipeline import JobContext, run
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def run_variant(overrides: list[str], staleness: int, steps: int, out: Path, in_flight: bool = True) -> dict[str, Any]:
