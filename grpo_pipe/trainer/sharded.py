@@ -1,0 +1,258 @@
+"""The sharded trainer (`trainer=fsdp`): the GRPO update on `world_size` devices with torch FSDP2.
+
+The ranks are Ray actors (`shard_worker.ShardWorker`) in one Ray placement group, so Ray knows every
+device the trainer holds, on one machine or across a cluster. This object lives in the runner's
+process and looks to it like the single-device `GRPOTrainer`: `setup`, `step`, `version`, a `policy`
+the weight bridges read. It does the batch-level work (advantages over whole groups, the loss
+normalisers, dealing micro-batches out) and the ranks do the model work; the loss is the
+single-device trainer's, micro-batch for micro-batch. Weights leave the ranks through Ray (unsharded
+on rank 0, then to this process), so no file path is shared between machines.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from grpo_pipe.config.validate import ConfigError
+from grpo_pipe.trainer.batch import flatten
+from grpo_pipe.trainer.grpo import GRPOTrainer
+from grpo_pipe.trainer.loss import group_advantages
+from grpo_pipe.trainer.shard_worker import ShardWorker, StepPlan, deal
+from grpo_pipe.trainer.sharded_policy import ShardedPolicy
+from grpo_pipe.types import RolloutGroup
+
+log = logging.getLogger(__name__)
+
+ComputeDtype = Literal["auto", "bfloat16", "float16", "float32"]
+
+
+class ShardedTrainer:
+    """`world_size` FSDP2 ranks behind the single-device trainer's surface.
+
+    Every setting other than the ones below is a `GRPOTrainer` setting, passed to each rank as is.
+    """
+
+    def __init__(
+        self,
+        policy: Any,
+        world_size: int = 2,
+        compute_dtype: ComputeDtype | None = "auto",
+        cpus_per_rank: int = 1,
+        gpus_per_rank: int = 1,
+        backend: Literal["auto", "gloo", "nccl"] = "auto",
+        timeout_s: float = 300.0,
+        **settings: Any,
+    ) -> None:
+        if world_size < 1 or cpus_per_rank < 1 or gpus_per_rank < 0:
+            raise ConfigError([
+                f"trainer.world_size={world_size} and trainer.cpus_per_rank={cpus_per_rank} must be >= 1, "
+                f"trainer.gpus_per_rank={gpus_per_rank} >= 0"
+            ])
+        self.template = GRPOTrainer(policy, **_known_settings(settings))  # checks every single-device setting
+        self.world_size = world_size
+        self.compute_dtype = compute_dtype
+        self.cpus_per_rank = cpus_per_rank
+        self.gpus_per_rank = gpus_per_rank
+        self.backend = backend
+        self.timeout_s = timeout_s
+        self.policy = ShardedPolicy(self, policy)
+        self.version = 0
+        self.workers: list[Any] = []
+        self.model_path: Path | None = None
+        self._group: Any = None
+        self._tied = False
+
+    # The runner reads these as it would the single-device trainer's.
+    @property
+    def steps(self) -> int:
+        return self.template.steps
+
+    @property
+    def max_staleness(self) -> int:
+        return self.template.max_staleness
+
+    @property
+    def stale_policy(self) -> str:
+        return self.template.stale_policy
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        return self._tied
+
+    def gpus_needed(self, cuda: bool) -> int:
+        return self.world_size * self.gpus_per_rank if cuda else 0
+
+    def setup(self, model_path: Path, device: torch.device, pad_id: int) -> None:
+        """Start the ranks (`device` is ignored: Ray gives each rank its own) and load the sharded policy."""
+        import ray
+
+        started = time.perf_counter()
+        self.model_path = Path(model_path)
+        if not ray.is_initialized():  # placement=split starts Ray (or joins a cluster) first; else a local one
+            ray.init(num_cpus=max(self.world_size * self.cpus_per_rank + 1, 2), include_dashboard=False,
+                     _node_ip_address="127.0.0.1", log_to_driver=True)
+        self.workers = self._start_workers()
+        host, port = ray.get(self.workers[0].address.remote())
+        backend = self._resolved_backend()
+        ray.get([w.join.remote(host, port, backend, self.timeout_s) for w in self.workers])
+        infos = ray.get([w.setup.remote(str(model_path), pad_id) for w in self.workers])
+        self._tied = bool(infos[0]["tie_word_embeddings"])
+        log.info("Sharded trainer: %d rank(s) over %s up in %.1fs", self.world_size, backend, time.perf_counter() - started)
+
+    def step(self, groups: Sequence[RolloutGroup], rewards: Sequence[float], temperature: float) -> dict[str, float]:
+        """One optimizer update on these groups, across every rank. Returns `train/...` metrics."""
+        import ray
+
+        started = time.perf_counter()
+        plans, metrics = self.plan(groups, rewards, temperature)
+        results = ray.get([w.train.remote(p) for w, p in zip(self.workers, plans)])
+        tokens = sum(r["tokens"] for r in results)
+        self.version = int(results[0]["version"])
+        return {
+            **metrics,
+            "train/loss": sum(r["loss"] for r in results),
+            "train/clip_fraction": sum(r["clipped"] for r in results) / tokens if tokens else 0.0,
+            "train/ratio_max": max(r["ratio_max"] for r in results),
+            "train/tokens": tokens,
+            "train/grad_norm": results[0]["grad_norm"],
+            "train/update_applied": results[0]["applied"],
+            "train/lr": results[0]["lr"],
+            "train/step_s": time.perf_counter() - started,
+        }
+
+    def plan(
+        self, groups: Sequence[RolloutGroup], rewards: Sequence[float], temperature: float
+    ) -> tuple[list[StepPlan], dict[str, float]]:
+        """Advantages over whole groups, then the single-device trainer's micro-batches dealt over ranks."""
+        t = self.template
+        reward_t = torch.tensor(rewards, dtype=torch.float32)  # [N]
+        sizes = torch.tensor([len(g.completions) for g in groups])  # [G]
+        group_ids = torch.repeat_interleave(torch.arange(len(groups)), sizes)  # [N]
+        advantages = group_advantages(reward_t, group_ids, t.normalize_std)  # [N]
+        samples = flatten(groups, advantages.tolist())
+        active = [s for s in samples if s.advantage != 0.0 or t.kl_coef > 0 or not t.skip_zero_advantage]
+        max_tokens = max((len(s.completion_ids) for s in samples), default=1)
+        dealt = deal(active, t.micro_batch_size, self.world_size)
+        plans = [StepPlan(tuple(mine), len(samples), max_tokens, temperature) for mine in dealt]
+        metrics = {
+            "train/active_samples": float(len(active)),
+            "train/samples": float(len(samples)),
+            "train/advantage_abs_mean": float(advantages.abs().mean()),
+        }
+        return plans, metrics
+
+    def collect(self, method: str, *args: Any) -> Any:
+        """Call a collective worker method on every rank; rank 0's answer."""
+        import ray
+
+        return ray.get([getattr(w, method).remote(*args) for w in self.workers])[0]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole training state, unsharded (rank 0 gathers it): resumable at any world size.
+        For models whose state does not fit one host's memory, use `save_sharded`."""
+        return {"sharded_trainer": self.collect("gathered_state")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        import ray
+
+        gathered = state.get("sharded_trainer")
+        if gathered is None:
+            raise ValueError("checkpoint was written by the single-device trainer; resume it with that trainer")
+        ref = ray.put(gathered)  # one copy in the object store, read by every rank
+        ray.get([w.load_full.remote(ref) for w in self.workers])
+        self.version = int(gathered["counters"]["version"])
+
+    def save_sharded(self, folder: Path) -> None:
+        """Each rank writes its own shards (torch.distributed.checkpoint) into `folder`, plus the counters.
+        On several machines `folder` must be a filesystem every rank sees."""
+        import ray
+
+        folder.mkdir(parents=True, exist_ok=True)
+        ray.get([w.save_sharded.remote(str(folder / "shards")) for w in self.workers])
+        torch.save(self.collect("counters"), folder / "counters.pt")
+
+    def load_sharded(self, folder: Path) -> None:
+        """Resume from `save_sharded`'s folder, written at this or any other world size."""
+        import ray
+
+        counters = torch.load(folder / "counters.pt", weights_only=False)
+        ray.get([w.load_sharded.remote(str(folder / "shards")) for w in self.workers])
+        ray.get([w.set_counters.remote(counters) for w in self.workers])
+        self.version = int(counters["version"])
+
+    def close(self) -> None:
+        import ray
+
+        if self.workers:
+            try:
+                ray.get([w.leave.remote() for w in self.workers], timeout=self.timeout_s)
+            except Exception as err:  # a dead rank: killing the actors below is what matters
+                log.warning("sharded trainer: leaving the process group failed: %r", err)
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers = []
+        if self._group is not None:
+            ray.util.remove_placement_group(self._group)
+            self._group = None
+
+    def _start_workers(self) -> list[Any]:
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        gpus = self.gpus_per_rank if ray.cluster_resources().get("GPU", 0) > 0 else 0
+        bundles = [{"CPU": self.cpus_per_rank, "GPU": gpus} if gpus else {"CPU": self.cpus_per_rank}] * self.world_size
+        self._group = ray.util.placement_group(bundles, strategy="PACK")
+        if not self._group.wait(timeout_seconds=self.timeout_s):
+            raise RuntimeError(
+                f"trainer.world_size={self.world_size}: Ray could not reserve {bundles[0]} per rank within "
+                f"{self.timeout_s:.0f}s (cluster: {ray.available_resources()})"
+            )
+        actor = ray.remote(num_cpus=self.cpus_per_rank, num_gpus=gpus, max_restarts=0)(ShardWorker)
+        compute = self._resolved_compute_dtype(gpus > 0)
+        return [
+            actor.options(
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank)
+            ).remote(self.template, rank, self.world_size, compute)
+            for rank in range(self.world_size)
+        ]
+
+    def _resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        import ray
+
+        return "nccl" if ray.cluster_resources().get("GPU", 0) > 0 and self.gpus_per_rank > 0 else "gloo"
+
+    def _resolved_compute_dtype(self, cuda: bool) -> str | None:
+        """auto = bf16 compute on GPUs; on CPUs none (bf16 matmuls there are slow and inexact)."""
+        if self.compute_dtype == "auto":
+            return "bfloat16" if cuda else None
+        return self.compute_dtype
+
+
+def _known_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """The GRPOTrainer settings among `settings`; an unknown key is a config error naming what is allowed."""
+    allowed = [n for n in inspect.signature(GRPOTrainer).parameters if n != "policy"]
+    unknown = sorted(set(settings) - set(allowed))
+    if unknown:
+        raise ConfigError([
+            f"trainer.{key}: unknown setting for ShardedTrainer; allowed: world_size, compute_dtype, cpus_per_rank, "
+            f"gpus_per_rank, backend, timeout_s, {', '.join(allowed)}"
+            for key in unknown
+        ])
+    return settings
+
+
+def named_hf_weights(state: dict[str, torch.Tensor], tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
+    """A full model state under checkpoint names; a tied lm_head only as the embedding (as policy.py)."""
+    for name, tensor in state.items():
+        if tied and name == "lm_head.weight":
+            continue
+        yield name, tensor

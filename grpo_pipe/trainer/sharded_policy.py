@@ -1,0 +1,105 @@
+"""The sharded trainer's policy as the weight bridges and the best/final export see it.
+
+Weights are gathered unsharded on rank 0 and reach this process through Ray, so exports and bridges
+work the same whether the ranks run on this machine or on others. A LoRA policy is merged here
+(W + B A * alpha / r, peft's formula without rsLoRA or DoRA, which the LoRA policy does not use).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+_BASE = "base_model.model."  # peft's prefix before the transformers module names
+_HF_FILES = ("config.json", "generation_config.json")
+
+
+class _Ranks(Protocol):
+    model_path: Path | None
+    tie_word_embeddings: bool
+
+    def collect(self, method: str, *args: Any) -> Any: ...
+
+
+class ShardedPolicy:
+    """A handle to the policy the ranks hold. `inner` is the policy's config object (never loaded here)."""
+
+    def __init__(self, ranks: _Ranks, inner: Any) -> None:
+        self.ranks = ranks
+        self.inner = inner
+        self.module = None  # the model lives on the ranks
+
+    @property
+    def is_lora(self) -> bool:
+        return hasattr(self.inner, "save_adapter")
+
+    @property
+    def rank(self) -> int:
+        """LoRA rank (the lora bridge checks it against the engine's limit)."""
+        return int(self.inner.rank)
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full-model weights under Hugging Face checkpoint names (LoRA merged); a tied lm_head only once."""
+        state = self.ranks.collect("full_state", "weights")
+        merged = merge_lora(state, float(self.inner.alpha) / float(self.inner.rank)) if self.is_lora else state
+        for name, tensor in merged.items():
+            if self.ranks.tie_word_embeddings and name == "lm_head.weight":
+                continue
+            yield name, tensor
+
+    def save_pretrained(self, path: Path, dtype: torch.dtype | None = None) -> None:
+        """A plain Hugging Face folder (config + safetensors) that vLLM or transformers load."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        state = {k: v.to(dtype or v.dtype).contiguous() for k, v in self.named_weights()}
+        save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
+        source = self.ranks.model_path
+        if source is None:
+            raise RuntimeError("policy exported before the trainer's setup()")
+        for name in _HF_FILES:
+            if (Path(source) / name).exists():
+                shutil.copyfile(Path(source) / name, path / name)
+
+    def save_adapter(self, path: Path, dtype: torch.dtype | None = None) -> None:
+        """The LoRA adapter in peft's folder format, from rank 0."""
+        from safetensors.torch import save_file
+
+        config, tensors = self.ranks.collect("adapter")
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / "adapter_config.json").write_text(json.dumps(_jsonable(config), indent=1))
+        state = {k: v.to(dtype or v.dtype).contiguous() for k, v in tensors.items()}
+        save_file(state, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+
+def merge_lora(state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+    """A peft model's full state -> the merged base model's, under transformers names."""
+    merged: dict[str, torch.Tensor] = {}
+    for name, tensor in state.items():
+        if ".lora_" in name:
+            continue
+        plain = name.removeprefix(_BASE).replace(".base_layer", "")
+        if ".base_layer.weight" in name:
+            stem = name.removesuffix(".base_layer.weight")
+            a, b = state[f"{stem}.lora_A.default.weight"], state[f"{stem}.lora_B.default.weight"]  # [r, in], [out, r]
+            tensor = (tensor.float() + (b.float() @ a.float()) * scale).to(tensor.dtype)  # [out, in]
+        merged[plain] = tensor
+    return merged
+
+
+def _jsonable(value: Any) -> Any:
+    """peft's config dict holds sets and enums; JSON wants lists and strings."""
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (set, list, tuple)):
+        return [_jsonable(v) for v in sorted(value, key=str)] if isinstance(value, set) else [_jsonable(v) for v in value]
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(getattr(value, "value", value))
