@@ -71,6 +71,7 @@ def build(cfg: DictConfig) -> dict[str, Any]:
         parts[group] = instantiate(cfg[group], _convert_="all")
     parts["rollout"] = parts["placement"].place(parts["rollout"])
     problems = parts["weight_bridge"].check(parts["rollout"], parts["trainer"].policy)
+    problems += parts["placement"].check(parts["trainer"], parts["weight_bridge"])  # GPUs, cluster, trainer kind
     trainer, bridge = parts["trainer"], parts["weight_bridge"]
     if trainer.max_staleness < bridge.sync_every - 1:
         problems.append(
@@ -116,6 +117,7 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
     finally:
         parts["weight_bridge"].close()
         parts["rollout"].shutdown()
+        getattr(parts["trainer"], "close", lambda: None)()  # the sharded trainer's rank actors
         parts["placement"].close()
         tracker.close(status)
 

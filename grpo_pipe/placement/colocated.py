@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from grpo_pipe.interfaces import RolloutEngine
+from grpo_pipe.placement.resources import ShardedTraining
 from grpo_pipe.rollout.errors import EngineGaveUp
 
 
@@ -22,6 +23,15 @@ class ColocatedPlacement:
 
     def place(self, engine: RolloutEngine) -> RolloutEngine:
         return engine  # the engine lives right here, in the trainer's process
+
+    def check(self, trainer: object, bridge: object) -> list[str]:
+        if isinstance(trainer, ShardedTraining):
+            return [
+                f"trainer.world_size={trainer.world_size} with placement=colocated: the sharded trainer's ranks run "
+                "in Ray actors on devices of their own, so no engine shares their device; use placement=split "
+                "with weight_bridge=nccl, lora or checkpoint"
+            ]
+        return []
 
     def trainer_device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 import uuid
 from typing import Any
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 
 from grpo_pipe.interfaces import RolloutEngine
+from grpo_pipe.placement.resources import ShardedTraining, gpu_problems
 from grpo_pipe.rollout.errors import EngineGaveUp
 from grpo_pipe.rollout.ray_engine import UPDATES, EngineHost, RayEngineFleet, explicit_log_levels
 from grpo_pipe.rollout.vllm_engine import VllmEngine
@@ -50,13 +52,38 @@ class SplitPlacement:
         self.restart_backoff_s = restart_backoff_s  # doubled after every restart
         self.fleet: RayEngineFleet | None = None
         self._actors: list[Any] = []
+        self._group: Any = None  # the engines' Ray placement group: one bundle per replica
+        self._tp = 1
         self._owns_ray = False
 
     def place(self, engine: RolloutEngine) -> RolloutEngine:
         if not isinstance(engine, VllmEngine):
             raise TypeError(f"placement=split runs rollout=vllm engines in Ray actors, got {type(engine).__name__}")
+        self._tp = engine.tensor_parallel_size
         self.fleet = RayEngineFleet(engine, self._start_actors)
         return self.fleet
+
+    def check(self, trainer: object, bridge: object) -> list[str]:
+        """What this machine or cluster cannot give (GPUs, a reachable Ray cluster); checked before anything loads."""
+        problems = []
+        if self.ray_address not in (None, "auto"):
+            problems += _unreachable(self.ray_address)
+        cuda = torch.cuda.is_available()
+        if self._tp > 1 and not cuda:
+            problems.append(
+                f"rollout.tensor_parallel_size={self._tp}: tensor parallelism spreads one replica over GPUs and "
+                "this machine has none; on CPU add replicas instead (placement.num_engines)"
+            )
+        engine_gpus = self.num_engines * self.engine_gpus * self._tp if cuda else 0
+        sharded = isinstance(trainer, ShardedTraining)
+        trainer_gpus = trainer.gpus_needed(cuda) if sharded else int(cuda)  # type: ignore[union-attr]
+        if self.ray_address is None:  # a cluster's GPUs are counted by Ray when the groups are reserved
+            problems += gpu_problems(
+                {"engines (placement.num_engines x engine_gpus x rollout.tensor_parallel_size)": engine_gpus,
+                 "the trainer" + (" (trainer.world_size x gpus_per_rank)" if sharded else ""): trainer_gpus},
+                torch.cuda.device_count() if cuda else 0,
+            )
+        return problems
 
     def engine_needs_sleep_mode(self) -> bool:
         return False
@@ -105,27 +132,49 @@ class SplitPlacement:
         for actor in self._actors:
             ray.kill(actor)
         self._actors = []
+        self._release_group()
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
             self._owns_ray = False
 
     def _start_actors(self, template: VllmEngine) -> list[Any]:
+        """One actor per replica, each in its own bundle of a placement group (replica GPUs = engine_gpus x TP),
+        so Ray accounts for every engine GPU, on one machine or across a cluster."""
         import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         self._ensure_ray()
         for old in self._actors:  # a restart: whatever is left of the previous replicas goes
             ray.kill(old)
-        gpus = self.engine_gpus if torch.cuda.is_available() else 0
+        self._release_group()
+        gpus = self.engine_gpus * self._tp if torch.cuda.is_available() else 0
+        bundle = {"CPU": self.engine_cpus, **({"GPU": gpus} if gpus else {})}
+        self._group = ray.util.placement_group([bundle] * self.num_engines, strategy="PACK")
+        if not self._group.wait(timeout_seconds=120):
+            raise RuntimeError(
+                f"placement.num_engines={self.num_engines}: Ray could not reserve {bundle} per replica "
+                f"(free now: {ray.available_resources()})"
+            )
         # Weight syncs get a concurrency group of their own, so they reach a replica while it generates.
         host = ray.remote(
             num_cpus=self.engine_cpus, num_gpus=gpus, max_restarts=0, concurrency_groups={UPDATES: 1}
         )(EngineHost)
         run_tag = uuid.uuid4().hex[:8]
         self._actors = [
-            host.options(name=f"grpo_pipe-engine-{i}-{run_tag}").remote(template, explicit_log_levels())
+            host.options(
+                name=f"grpo_pipe-engine-{i}-{run_tag}",
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=i),
+            ).remote(template, explicit_log_levels())
             for i in range(self.num_engines)
         ]
         return self._actors
+
+    def _release_group(self) -> None:
+        import ray
+
+        if self._group is not None and ray.is_initialized():
+            ray.util.remove_placement_group(self._group)
+        self._group = None
 
     def _ensure_ray(self) -> None:
         import ray
@@ -145,6 +194,17 @@ class SplitPlacement:
                 log_to_driver=True,
             )
         self._owns_ray = True
+
+
+def _unreachable(address: str) -> list[str]:
+    """A cluster address nothing answers at (host:port of the Ray head's GCS), found in seconds."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=5.0):
+            return []
+    except (OSError, ValueError) as err:
+        return [f"placement.ray_address={address!r}: no Ray cluster answers there ({err}); "
+                "start one (`ray start --head`) or use null for a local instance"]
 
 
 def _visible_gpu_ids() -> list[int]:

@@ -145,7 +145,7 @@ class RayEngineFleet:
         self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
     ) -> PendingFleetRollout:
         refs = []
-        for actor, (lo, hi) in zip(self.actors, _shares(len(prompts), len(self.actors))):
+        for actor, (lo, hi) in zip(self.actors, _shares(samples, len(self.actors))):
             if hi > lo:
                 refs.append(actor.submit.remote([list(p) for p in prompts[lo:hi]], list(samples[lo:hi]), sampling))
         return PendingFleetRollout(refs)
@@ -190,7 +190,7 @@ class RayEngineFleet:
         self.connect(self.model_path)
 
     def worker_count(self) -> int:
-        return len(self.actors)
+        return len(self.actors) * self.template.worker_count()  # every tensor-parallel rank of every replica
 
     def where(self) -> list[dict[str, Any]]:
         import ray
@@ -215,12 +215,21 @@ def _get(refs: list[Any], timeout_s: float | None = None) -> list[Any]:
         raise EngineLost(f"an engine actor died: {err}") from err
 
 
-def _shares(n: int, parts: int) -> list[tuple[int, int]]:
-    """Contiguous [lo, hi) ranges splitting n items over `parts` as evenly as possible."""
-    base, extra = divmod(n, parts)
-    bounds, lo = [], 0
+def _shares(samples: Sequence[int], parts: int) -> list[tuple[int, int]]:
+    """Contiguous [lo, hi) prompt ranges over `parts` replicas, balanced by completions to generate
+    (a prompt asking for 8 samples weighs 8), so no replica is left with most of the work."""
+    total, bounds, lo = sum(samples), [], 0
+    cumulative = 0
     for i in range(parts):
-        hi = lo + base + (1 if i < extra else 0)
+        target = total * (i + 1) / parts
+        hi = lo
+        # take prompts while that brings this share closer to its target, leaving one prompt per later replica
+        while hi < len(samples) - (parts - 1 - i) and abs(cumulative + samples[hi] - target) <= abs(cumulative - target):
+            cumulative += samples[hi]
+            hi += 1
+        if i == parts - 1:
+            cumulative += sum(samples[hi:])
+            hi = len(samples)
         bounds.append((lo, hi))
         lo = hi
     return bounds

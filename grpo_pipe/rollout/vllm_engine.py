@@ -100,7 +100,11 @@ class VllmEngine:
         speculative_config: dict[str, Any] | None = None,
         device_ids: str | None = None,
         in_flight_updates: bool = True,
+        tensor_parallel_size: int = 1,
     ) -> None:
+        if tensor_parallel_size < 1:
+            raise ValueError(f"rollout.tensor_parallel_size={tensor_parallel_size}: must be >= 1")
+        self.tensor_parallel_size = tensor_parallel_size  # GPUs one replica spans (placement=split reserves them)
         self.dtype = dtype
         self.max_model_len = max_model_len
         self.kv_cache_gib = kv_cache_gib
@@ -160,6 +164,7 @@ class VllmEngine:
             enable_sleep_mode=self.enable_sleep_mode,
             max_num_seqs=self.max_num_seqs,
             seed=self.seed,
+            tensor_parallel_size=self.tensor_parallel_size,
             disable_log_stats=False,  # per-request timestamps are only recorded with stats on
             logprobs_mode="processed_logprobs",  # log-probs of the distribution actually sampled from
         )
@@ -245,7 +250,7 @@ class VllmEngine:
         return self.llm is not None
 
     def worker_count(self) -> int:
-        return 1  # one worker: tensor and pipeline parallelism are not configured
+        return self.tensor_parallel_size  # one worker per tensor-parallel rank, each receives every bucket
 
     def _completions(self, output: Any, flight: InFlightLog) -> list[Completion]:
         completions = []

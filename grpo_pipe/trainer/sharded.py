@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
+import typing
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -256,3 +257,19 @@ def named_hf_weights(state: dict[str, torch.Tensor], tied: bool) -> Iterator[tup
         if tied and name == "lm_head.weight":
             continue
         yield name, tensor
+
+
+def _expose_settings() -> None:
+    """Show the config validator GRPOTrainer's settings as ShardedTrainer's own (signature and type hints),
+    so `trainer.lr=abc` or a misspelt key fails with every other config error, before anything loads,
+    and new single-device settings need no change here."""
+    own = inspect.signature(ShardedTrainer.__init__)
+    single = inspect.signature(GRPOTrainer.__init__)
+    params = [p for p in own.parameters.values() if p.kind is not p.VAR_KEYWORD]
+    params += [p for name, p in single.parameters.items() if name not in ("self", "policy")]
+    ShardedTrainer.__init__.__signature__ = own.replace(parameters=params)  # type: ignore[attr-defined]
+    hints = {**typing.get_type_hints(GRPOTrainer.__init__), **typing.get_type_hints(ShardedTrainer.__init__)}
+    ShardedTrainer.__init__.__annotations__ = {k: v for k, v in hints.items() if k != "settings"}
+
+
+_expose_settings()

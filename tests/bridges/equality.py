@@ -8,6 +8,7 @@ CPU), and differ from the outputs before the sync.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 from hydra.utils import instantiate
@@ -26,7 +27,9 @@ def greedy(engine, prompts) -> list[tuple[int, ...]]:
     return [out[0].token_ids for out in engine.generate(prompts, [1] * len(prompts), GREEDY)]
 
 
-def train_sync_and_compare(cfg: DictConfig, saved: Path, fresh_from: str = "merged") -> SyncStats:
+def train_sync_and_compare(
+    cfg: DictConfig, saved: Path, fresh_from: str = "merged", before_close: Callable[[dict], None] | None = None
+) -> SyncStats:
     """`fresh_from="adapter"`: the fresh engine loads the base model plus the trainer's saved LoRA adapter
     (in bf16 an unmerged adapter is not bitwise equal to merged weights); "merged": one full checkpoint."""
     parts = build(cfg)
@@ -56,9 +59,12 @@ def train_sync_and_compare(cfg: DictConfig, saved: Path, fresh_from: str = "merg
         else:
             trainer.policy.save_pretrained(saved)
             copy_tokenizer_files(model_path, saved)
+        if before_close is not None:
+            before_close(parts)
     finally:
         bridge.close()
         engine.shutdown()
+        getattr(trainer, "close", lambda: None)()
         parts["placement"].close()
     fresh_engine = instantiate(cfg.rollout, _convert_="all")
     # The reference engine always runs in this process: same weights, same kernels, no process start-up.
