@@ -148,7 +148,7 @@ class SplitPlacement:
             ray.kill(old)
         self._release_group()
         gpus = self.engine_gpus * self._tp if torch.cuda.is_available() else 0
-        bundle = {"CPU": self.engine_cpus, **({"GPU": gpus} if gpus else {})}
+        bundle: dict[str, float] = {"CPU": self.engine_cpus, **({"GPU": gpus} if gpus else {})}
         self._group = ray.util.placement_group([bundle] * self.num_engines, strategy="PACK")
         if not self._group.wait(timeout_seconds=120):
             raise RuntimeError(

@@ -52,10 +52,7 @@ class ShardOnLoad:
     def __init__(self, policy: Any, compute_dtype: torch.dtype | None) -> None:
         self.inner = policy
         self.compute_dtype = compute_dtype
-
-    @property
-    def module(self) -> torch.nn.Module | None:
-        return self.inner.module
+        self.module: torch.nn.Module | None = None  # the inner policy's module, once loaded and sharded
 
     def load(self, model_path: Path, device: torch.device, dtype: torch.dtype) -> None:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -68,6 +65,7 @@ class ShardOnLoad:
             if type(sub).__name__ in layer_types:
                 fully_shard(sub, mp_policy=precision)
         fully_shard(module, mp_policy=precision)
+        self.module = module
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return self.inner.trainable_parameters()
@@ -147,11 +145,12 @@ class ShardWorker:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
             options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            return get_model_state_dict(module, options=options)
+            return dict(get_model_state_dict(module, options=options))  # type: ignore[arg-type]
         full = {}
         for name, param in module.named_parameters():
             if param.grad is not None:
-                grad = param.grad.full_tensor() if hasattr(param.grad, "full_tensor") else param.grad
+                gather = getattr(param.grad, "full_tensor", None)  # a DTensor shard -> the whole gradient
+                grad = gather() if gather is not None else param.grad
                 full[name] = grad.detach().cpu()
         return full if self.rank == 0 else {}
 
@@ -159,9 +158,9 @@ class ShardWorker:
         """LoRA policies: peft's adapter config and its unsharded tensors (rank 0; None elsewhere)."""
         from peft import get_peft_model_state_dict
 
-        module = self.trainer.policy.module
+        module: Any = self.trainer.policy.module
         full = self.full_state("weights")
-        if self.rank != 0:
+        if self.rank != 0 or module is None:
             return None
         tensors = get_peft_model_state_dict(module, state_dict=full)
         config = module.peft_config["default"].to_dict()
@@ -185,18 +184,18 @@ class ShardWorker:
 
     def save_sharded(self, folder: str) -> None:
         """Each rank writes its own shards of weights and optimizer state (torch.distributed.checkpoint)."""
-        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict_saver import save
 
-        dcp.save(self._dcp_state(), checkpoint_id=folder)
+        save(self._dcp_state(), checkpoint_id=folder)
 
     def load_sharded(self, folder: str) -> None:
         """Reads a checkpoint written at any world size, resharded to this one."""
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict_loader import load
 
         state = self._dcp_state()
-        dcp.load(state, checkpoint_id=folder)
-        module, optimizer = self.trainer.policy.module, self.trainer.optimizer
+        load(state, checkpoint_id=folder)
+        module, optimizer = self._live()
         set_model_state_dict(module, state["model"])
         set_optimizer_state_dict(module, optimizer, state["optim"])
 
@@ -209,7 +208,7 @@ class ShardWorker:
         )
 
         options = StateDictOptions(full_state_dict=True)
-        module, optimizer = self.trainer.policy.module, self.trainer.optimizer
+        module, optimizer = self._live()
         set_model_state_dict(module, state["model"], options=options)
         set_optimizer_state_dict(module, optimizer, state["optim"], options=options)
         self.set_counters(state["counters"])
@@ -219,7 +218,7 @@ class ShardWorker:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model, optim = get_state_dict(self.trainer.policy.module, self.trainer.optimizer, options=options)
+        model, optim = get_state_dict(*self._live(), options=options)
         return {"model": model, "optim": optim, "counters": self.counters()} if self.rank == 0 else {}
 
     def leave(self) -> None:
@@ -229,8 +228,14 @@ class ShardWorker:
     def _dcp_state(self) -> dict[str, Any]:
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model, optim = get_state_dict(self.trainer.policy.module, self.trainer.optimizer)
+        model, optim = get_state_dict(*self._live())
         return {"model": model, "optim": optim}
+
+    def _live(self) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        module, optimizer = self.trainer.policy.module, self.trainer.optimizer
+        if module is None or optimizer is None:
+            raise RuntimeError("rank used before setup()")
+        return module, optimizer
 
 
 def _idle_pass(module: torch.nn.Module, device: torch.device) -> None:

@@ -208,7 +208,8 @@ class ShardedTrainer:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         gpus = self.gpus_per_rank if ray.cluster_resources().get("GPU", 0) > 0 else 0
-        bundles = [{"CPU": self.cpus_per_rank, "GPU": gpus} if gpus else {"CPU": self.cpus_per_rank}] * self.world_size
+        bundle: dict[str, float] = {"CPU": self.cpus_per_rank, **({"GPU": gpus} if gpus else {})}
+        bundles = [bundle] * self.world_size
         self._group = ray.util.placement_group(bundles, strategy="PACK")
         if not self._group.wait(timeout_seconds=self.timeout_s):
             raise RuntimeError(

@@ -20,8 +20,11 @@ _HF_FILES = ("config.json", "generation_config.json")
 
 
 class _Ranks(Protocol):
-    model_path: Path | None
-    tie_word_embeddings: bool
+    @property
+    def model_path(self) -> Path | None: ...
+
+    @property
+    def tie_word_embeddings(self) -> bool: ...
 
     def collect(self, method: str, *args: Any) -> Any: ...
 

@@ -142,7 +142,7 @@ def _assert_plain_hf_folder(folder: Path) -> None:
 @pytest.mark.slow
 def test_lora_two_ranks_match_one_device(ray_local: None, model_path: Path, tmp_path: Path) -> None:
     groups, rewards = _groups()
-    lora = dict(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj"])
+    lora = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}
     single, sharded = _single(model_path, LoraPolicy(**lora)), _sharded(model_path, 2, LoraPolicy(**lora))
     try:
         single.step(groups, rewards, 1.0)  # B starts at zero: after one step the adapter is not a no-op
