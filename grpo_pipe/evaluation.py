@@ -8,7 +8,7 @@ Greedy, one completion per task:
 - `eval/score`: the mean of the metric the run names (`run.eval_metric`): `accuracy`, `reward`, or
   `reward/<term>`; what to pick the best checkpoint or stop early by.
 Sampled, when `run.eval_pass_k` = k > 0: k completions per task at the training temperature;
-`eval/pass@k` = fraction of tasks with at least one solved completion, `eval/pass@1` = fraction of solved
+`eval/pass_at_<k>` = fraction of tasks with at least one solved completion, `eval/pass_at_1` = fraction of solved
 completions (the unbiased pass@1 estimate from the same samples).
 """
 
@@ -79,8 +79,8 @@ def pass_at_k(
         return {}
     solved = [scored.correct[i * k : (i + 1) * k] for i in range(len(tasks))]  # [T][k]
     return {
-        f"eval/pass@{k}": sum(any(s) for s in solved) / len(solved),
-        "eval/pass@1": sum(sum(s) for s in solved) / (k * len(solved)),
+        f"eval/pass_at_{k}": sum(any(s) for s in solved) / len(solved),
+        "eval/pass_at_1": sum(sum(s) for s in solved) / (k * len(solved)),
     }
 
 

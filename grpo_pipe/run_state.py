@@ -35,7 +35,7 @@ class RunSettings:
     samples_to_log: int = 16
     seeded_sampling: bool = True  # every batch sampled with a seed derived from `seed`: reproducible, resumable
     eval_metric: str = "accuracy"  # eval/score: accuracy (the reward's notion of solved) | reward | reward/<term>
-    eval_pass_k: int = 0  # k sampled completions per held-out task for eval/pass@k; 0 = greedy only
+    eval_pass_k: int = 0  # k sampled completions per held-out task for eval/pass_at_<k>; 0 = greedy only
 
     def config_problems(self) -> list[str]:
         problem = metric_problem(self.eval_metric)
