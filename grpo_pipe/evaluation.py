@@ -19,7 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from grpo_pipe.interfaces import Reward, RolloutEngine
-from grpo_pipe.types import Completion, RewardOutput, RolloutGroup, SamplingSettings, Task
+from grpo_pipe.types import (
+    Completion,
+    RewardOutput,
+    RolloutGroup,
+    SamplingSettings,
+    Task,
+)
 
 log = logging.getLogger(__name__)
 

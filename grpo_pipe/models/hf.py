@@ -56,9 +56,9 @@ class HfModel:
             problems.append(f"path={self.path!r}: no such folder (allowed: a local model folder or a hub id 'org/name')")
         elif env.hub_offline():
             problems.append(f"path={self.path!r}: not a local folder, and HF_HUB_OFFLINE is set, so it cannot be downloaded")
-        if self.chat_template is not None and _is_file_reference(self.chat_template):
-            if not Path(self.chat_template).expanduser().is_file():
-                problems.append(f"chat_template={self.chat_template!r}: no such file (a .jinja file or an inline template)")
+        template = self.chat_template
+        if template is not None and _is_file_reference(template) and not Path(template).expanduser().is_file():
+            problems.append(f"chat_template={template!r}: no such file (a .jinja file or an inline template)")
         return problems
 
     def engine_options(self) -> dict[str, Any]:

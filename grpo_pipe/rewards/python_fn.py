@@ -43,9 +43,9 @@ class PythonFunctionReward:
     def config_problems(self) -> list[str]:
         try:
             self.function()
-        except Exception as err:  # whatever importing the user's module raised
-            return [f"fn={self.fn!r}: cannot be imported ({type(err).__name__}: {err}); "
-                    "allowed: 'package.module:function' or 'path/to/file.py:function'"]
+        except Exception as err:  # noqa: BLE001 - whatever importing the user's module raised is a config problem
+            allowed = "allowed: 'package.module:function' or 'path/to/file.py:function'"
+            return [f"fn={self.fn!r}: cannot be imported ({type(err).__name__}: {err}); {allowed}"]
         return []
 
     def function(self) -> RewardFn:

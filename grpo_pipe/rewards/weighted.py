@@ -14,7 +14,10 @@ from pathlib import Path
 
 import torch
 
-from grpo_pipe.interfaces import ChecksItsConfig, Reward  # run time: config validation reads the hints
+from grpo_pipe.interfaces import (  # run time: config validation reads the hints
+    ChecksItsConfig,
+    Reward,
+)
 from grpo_pipe.types import RewardOutput, RolloutGroup
 
 

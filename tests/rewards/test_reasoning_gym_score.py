@@ -2,7 +2,10 @@
 
 from grpo_pipe.data.reasoning_gym import ReasoningGymTasks
 from grpo_pipe.rewards.correctness import CorrectnessReward
-from grpo_pipe.rewards.reasoning_gym_score import ReasoningGymScore, extract_marked_answer
+from grpo_pipe.rewards.reasoning_gym_score import (
+    ReasoningGymScore,
+    extract_marked_answer,
+)
 from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup
 
 
