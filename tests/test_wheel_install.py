@@ -89,18 +89,17 @@ def test_wheel_holds_the_configs_and_imports_from_its_own_site(installed: Path, 
 def test_installed_command_runs_a_user_job_and_a_sweep_from_an_empty_directory(
     installed: Path, user_dir: Path, tmp_path: Path
 ) -> None:
-    env = _env(tmp_path)
-    _run([str(installed / "grpo-pipe"), *JOB, *_store(tmp_path)], user_dir, env)
-    _run([str(installed / "grpo-pipe"), "-m", "run.seed=0,1", *JOB, *_store(tmp_path)], user_dir, env)
+    # Two short jobs of the user's own data and reward, as one sweep (each job is a whole run).
+    _run([str(installed / "grpo-pipe"), "-m", "run.seed=0,1", *JOB, *_store(tmp_path)], user_dir, _env(tmp_path))
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     runs = client.search_runs([client.get_experiment_by_name("grpo_pipe").experiment_id])
     parents = [r for r in runs if r.data.tags.get("grpo_pipe.role") == "parent"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
-    assert len(runs) == 4 and len(parents) == 1 and len(children) == 2
+    assert len(runs) == 3 and len(parents) == 1 and len(children) == 2
     assert sorted(c.data.params["run.seed"] for c in children) == ["0", "1"]
-    for mlrun in runs:
-        if mlrun not in parents:
-            assert mlrun.info.status == "FINISHED"
-            assert mlrun.data.params["reward.fn"] == "user_rewards:exact"
-            assert "train/reward/exact" in mlrun.data.metrics and "eval/accuracy" in mlrun.data.metrics
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert child.data.params["reward.fn"] == "user_rewards:exact"
+        assert "train/reward/exact" in child.data.metrics and "eval/accuracy" in child.data.metrics
+        assert child.data.metrics["data/skipped_rows"] == 0.0
     assert (user_dir / "outputs").is_dir()  # outputs beside the user's files, not in the package

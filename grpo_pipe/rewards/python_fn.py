@@ -21,7 +21,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -114,7 +114,7 @@ def load_function(spec: str) -> RewardFn:
     function = getattr(module, attr)
     if not callable(function):
         raise TypeError(f"{attr} in {module_name} is not callable")
-    return function
+    return cast(RewardFn, function)
 
 
 def _module_from_file(path: Path) -> Any:

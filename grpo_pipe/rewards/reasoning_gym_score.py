@@ -12,13 +12,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from grpo_pipe.types import RewardOutput, RolloutGroup
 
 _ANSWER_TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
+Scorer = Callable[[str | None, dict[str, Any]], float]
 ENTRY_KEY = "reasoning_gym"  # the Task.metadata key that holds the reasoning-gym entry
 
 
@@ -37,7 +38,7 @@ class ReasoningGymScore:
     def __init__(self, marker: str = "####", success_at: float = 1.0) -> None:
         self.marker = marker
         self.success_at = success_at  # a score >= this counts as solved (eval accuracy, pass@k)
-        self._scorers: dict[str, Callable[[str | None, dict[str, Any]], float]] = {}
+        self._scorers: dict[str, Scorer] = {}
 
     def setup(self, model_path: Path, kv_dtype: torch.dtype) -> None:
         pass  # needs nothing from the model
@@ -59,9 +60,10 @@ class ReasoningGymScore:
         correct = [v >= self.success_at for v in values]
         return RewardOutput(values=values, terms={"score": list(values), "parsable": parsed}, correct=correct)
 
-    def _scorer(self, dataset_name: str) -> Callable[[str | None, dict[str, Any]], float]:
+    def _scorer(self, dataset_name: str) -> Scorer:
         if dataset_name not in self._scorers:
             import reasoning_gym
 
-            self._scorers[dataset_name] = reasoning_gym.get_score_answer_fn(dataset_name)
+            # The library annotates the scorer as taking no arguments; it is `score_answer(answer, entry)`.
+            self._scorers[dataset_name] = cast(Scorer, reasoning_gym.get_score_answer_fn(dataset_name))
         return self._scorers[dataset_name]
