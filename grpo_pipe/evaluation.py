@@ -1,26 +1,111 @@
-"""Held-out evaluation with greedy decoding, scored by the same function as the reward."""
+"""Held-out evaluation that measures what the run optimises: completions are scored by the run's own
+reward, so reward and evaluation cannot drift apart, whatever the reward is.
+
+Greedy, one completion per task:
+- `eval/accuracy`: the fraction the reward counts as solved (its `correct` flags: a correct number, a
+  reasoning-gym score of 1, a user function's value >= its `success_at`); absent when it has no such notion.
+- `eval/reward/mean` and `eval/reward/<term>`: the reward and its terms, as in training.
+- `eval/score`: the mean of the metric the run names (`run.eval_metric`): `accuracy`, `reward`, or
+  `reward/<term>`; what to pick the best checkpoint or stop early by.
+Sampled, when `run.eval_pass_k` = k > 0: k completions per task at the training temperature;
+`eval/pass_at_<k>` = fraction of tasks with at least one solved completion, `eval/pass_at_1` = fraction of solved
+completions (the unbiased pass@1 estimate from the same samples).
+"""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from grpo_pipe.interfaces import RolloutEngine
-from grpo_pipe.rewards.answers import is_correct
-from grpo_pipe.types import SamplingSettings, Task
+from grpo_pipe.interfaces import Reward, RolloutEngine
+from grpo_pipe.types import (
+    Completion,
+    RewardOutput,
+    RolloutGroup,
+    SamplingSettings,
+    Task,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """How to evaluate (from `run.*`)."""
+
+    max_tokens: int
+    metric: str = "accuracy"  # accuracy | reward | reward/<term>
+    pass_k: int = 0  # samples per task for pass@k; 0 = greedy only
+    temperature: float = 1.0  # for the pass@k samples
+    seed: int | None = None
+
+
+def metric_problem(metric: str) -> str | None:
+    """Why `metric` cannot name an evaluation metric, or None."""
+    if metric in ("accuracy", "reward") or (metric.startswith("reward/") and len(metric) > len("reward/")):
+        return None
+    return f"eval_metric={metric!r}: allowed: 'accuracy', 'reward', or 'reward/<term>' (a term the reward logs)"
 
 
 def evaluate(
-    engine: RolloutEngine, prompts: Sequence[tuple[int, ...]], tasks: Sequence[Task], max_tokens: int
+    engine: RolloutEngine, prompts: Sequence[tuple[int, ...]], tasks: Sequence[Task], reward: Reward, plan: EvalPlan
 ) -> dict[str, float]:
-    """Accuracy and mean answer length of one greedy completion per held-out task."""
+    """Greedy metrics, plus pass@k when the plan asks for it; {} without held-out tasks."""
     if not tasks:
         return {}
-    greedy = SamplingSettings(temperature=0.0, top_p=1.0, max_tokens=max_tokens)
-    results = engine.generate(prompts, [1] * len(prompts), greedy)
-    completions = [r[0] for r in results]
-    correct = [is_correct(c.text, t.answer) is True for c, t in zip(completions, tasks)]
-    return {
-        "eval/accuracy": sum(correct) / len(correct),
+    greedy = SamplingSettings(temperature=0.0, top_p=1.0, max_tokens=plan.max_tokens)
+    completions = [r[0] for r in engine.generate(prompts, [1] * len(prompts), greedy)]  # [T]
+    scored = reward(_groups(prompts, tasks, [[c] for c in completions]))
+    metrics = {
+        **_reward_metrics(scored),
         "eval/generated_tokens_mean": sum(len(c.token_ids) for c in completions) / len(completions),
         "eval/truncated_fraction": sum(c.finish_reason == "length" for c in completions) / len(completions),
     }
+    score_key = _metric_key(plan.metric)
+    if score_key in metrics:
+        metrics["eval/score"] = metrics[score_key]
+    else:
+        log.warning("run.eval_metric=%s: the reward reports no %s; eval/score not logged", plan.metric, score_key)
+    if plan.pass_k > 0:
+        metrics.update(pass_at_k(engine, prompts, tasks, reward, plan))
+    return metrics
+
+
+def pass_at_k(
+    engine: RolloutEngine, prompts: Sequence[tuple[int, ...]], tasks: Sequence[Task], reward: Reward, plan: EvalPlan
+) -> dict[str, float]:
+    """k sampled completions per task; pass@k and pass@1 by the reward's notion of solved."""
+    k = plan.pass_k
+    sampling = SamplingSettings(temperature=plan.temperature, top_p=1.0, max_tokens=plan.max_tokens, seed=plan.seed)
+    samples = engine.generate(prompts, [k] * len(prompts), sampling)  # [T][k]
+    scored = reward(_groups(prompts, tasks, samples))
+    if scored.correct is None:
+        log.warning("run.eval_pass_k=%d: the reward has no notion of a solved task; pass@k not logged", k)
+        return {}
+    solved = [scored.correct[i * k : (i + 1) * k] for i in range(len(tasks))]  # [T][k]
+    return {
+        f"eval/pass_at_{k}": sum(any(s) for s in solved) / len(solved),
+        "eval/pass_at_1": sum(sum(s) for s in solved) / (k * len(solved)),
+    }
+
+
+def _metric_key(metric: str) -> str:
+    """The logged key a `run.eval_metric` name stands for."""
+    return {"accuracy": "eval/accuracy", "reward": "eval/reward/mean"}.get(metric, f"eval/{metric}")
+
+
+def _groups(
+    prompts: Sequence[tuple[int, ...]], tasks: Sequence[Task], completions: Sequence[Sequence[Completion]]
+) -> list[RolloutGroup]:
+    return [RolloutGroup(t, tuple(p), tuple(c)) for p, t, c in zip(prompts, tasks, completions)]
+
+
+def _reward_metrics(scored: RewardOutput) -> dict[str, float]:
+    values = scored.values
+    metrics = {"eval/reward/mean": sum(values) / len(values)}
+    for name, term in scored.terms.items():
+        metrics[f"eval/reward/{name}"] = sum(term) / len(term)
+    if scored.correct is not None:
+        metrics["eval/accuracy"] = sum(scored.correct) / len(scored.correct)
+    return metrics

@@ -240,3 +240,14 @@ class Tracker(Protocol):
         ...
 
     def close(self, status: str = "FINISHED") -> None: ...
+
+
+@runtime_checkable
+class ChecksItsConfig(Protocol):
+    """A component that can tell, cheaply and before any model loads, whether its settings can work
+    (a path that does not exist, a column a file lacks, a function that cannot be imported)."""
+
+    def config_problems(self) -> list[str]:
+        """One line per problem, naming the key (relative to the component: `path=...`), the value and
+        what is allowed; empty when fine. The caller puts the component's own key in front."""
+        ...

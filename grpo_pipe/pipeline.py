@@ -21,6 +21,7 @@ from grpo_pipe import step_metrics
 from grpo_pipe.bridges.files import copy_tokenizer_files
 from grpo_pipe.checkpointing import Checkpoint, config_differences, find_resume_checkpoint
 from grpo_pipe.config.validate import ConfigError, validate_config
+from grpo_pipe.interfaces import ChecksItsConfig
 from grpo_pipe.progress import StepProgress
 from grpo_pipe.prompts import render_prompt
 from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
@@ -69,6 +70,10 @@ def build(cfg: DictConfig) -> dict[str, Any]:
     for group in COMPONENT_GROUPS:
         log.info("Instantiating %s <%s>", group, cfg[group]._target_)
         parts[group] = instantiate(cfg[group], _convert_="all")
+    # Paths, columns, importable functions: checked on the built components, still before anything loads.
+    problems = [f"{g}.{p}" for g, part in parts.items() if isinstance(part, ChecksItsConfig) for p in part.config_problems()]
+    if problems:
+        raise ConfigError(problems)
     parts["rollout"] = parts["placement"].place(parts["rollout"])
     problems = parts["weight_bridge"].check(parts["rollout"], parts["trainer"].policy)
     problems += parts["placement"].check(parts["trainer"], parts["weight_bridge"])  # GPUs, cluster, trainer kind

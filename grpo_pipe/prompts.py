@@ -8,7 +8,20 @@ from grpo_pipe.types import Task
 
 
 def render_prompt(tokenizer: Any, system_prompt: str, task: Task) -> tuple[int, ...]:
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages.append({"role": "user", "content": task.question})
+    messages = chat_messages(system_prompt, task)
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def chat_messages(system_prompt: str, task: Task) -> list[dict[str, str]]:
+    """The conversation the model sees: the task's own messages (chat datasets), else system prompt + question.
+
+    A task's messages that carry no system message get the data source's system prompt in front."""
+    if task.messages is not None:
+        messages = [dict(m) for m in task.messages]
+        if system_prompt and not any(m.get("role") == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        return messages
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": task.question})
+    return messages

@@ -11,7 +11,7 @@ from typing import Any, Literal
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_pipe.checkpointing import Checkpoint
-from grpo_pipe.evaluation import evaluate
+from grpo_pipe.evaluation import EvalPlan, evaluate, metric_problem
 from grpo_pipe.rollout.scheduler import RolloutScheduler
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,15 @@ class RunSettings:
     overlong_prompts: Literal["skip", "truncate"] = "skip"  # prompts that leave no room for max_new_tokens
     samples_to_log: int = 16
     seeded_sampling: bool = True  # every batch sampled with a seed derived from `seed`: reproducible, resumable
+    eval_metric: str = "accuracy"  # eval/score: accuracy (the reward's notion of solved) | reward | reward/<term>
+    eval_pass_k: int = 0  # k sampled completions per held-out task for eval/pass_at_<k>; 0 = greedy only
+
+    def config_problems(self) -> list[str]:
+        problem = metric_problem(self.eval_metric)
+        return [problem] if problem else []
+
+    def eval_plan(self) -> EvalPlan:
+        return EvalPlan(self.eval_max_new_tokens, self.eval_metric, self.eval_pass_k, self.temperature, self.seed)
 
 
 @dataclass
@@ -70,7 +79,9 @@ class LiveRun:
 
     def evaluate(self) -> dict[str, float]:
         self.parts["placement"].before_rollout(self.parts["rollout"])
-        return evaluate(self.parts["rollout"], self.eval_prompts, self.eval_tasks, self.settings.eval_max_new_tokens)
+        return evaluate(
+            self.parts["rollout"], self.eval_prompts, self.eval_tasks, self.parts["reward"], self.settings.eval_plan()
+        )
 
     def save_checkpoint(self, cfg: DictConfig, step: int) -> None:
         """Write the whole training state for `step` (atomically, through the checkpoint manager)."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -12,6 +14,10 @@ class Task:
     uid: str  # stable id across epochs and resumes, e.g. "gsm8k/train/17"
     question: str
     answer: str  # reference final answer, already extracted (e.g. "72")
+    # Extra dataset columns (difficulty, source, test cases, ...): rewards receive them per completion.
+    metadata: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    # A chat-style prompt ({"role", "content"} messages) that replaces system prompt + question when set.
+    messages: tuple[Mapping[str, str], ...] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)

@@ -22,9 +22,18 @@ def test_every_group_has_options() -> None:
     assert {"model", "weight_bridge", "reward", "curriculum", "placement", "data", "logger"} <= groups
 
 
+# Options with required (`???`) values: what a user must add on the command line.
+REQUIRED = {
+    ("model", "hf"): ["model.path=some/model"],
+    ("data", "jsonl"): ["data.train_path=tasks.jsonl"],
+    ("data", "hf"): ["data.name=some/dataset"],
+    ("reward", "python"): ["reward.fn=my_rewards:score"],
+}
+
+
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_option_instantiates(compose_cfg, group: str, option: str) -> None:
-    cfg = compose_cfg([f"{group}={option}"])
+    cfg = compose_cfg([f"{group}={option}", *REQUIRED.get((group, option), [])])
     validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)
     component = instantiate(cfg[group], _convert_="all")
     assert type(component).__name__ in str(cfg[group]._target_)

@@ -9,27 +9,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from grpo_pipe.data.rows import SkippedRows
 from grpo_pipe.rewards.answers import parse_number
 from grpo_pipe.types import Task
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class SkippedRows:
-    """Rows left out of a dataset, with why: reported as a metric and in the log."""
-
-    reasons: list[str] = field(default_factory=list)
-
-    def add(self, where: str, why: str) -> None:
-        self.reasons.append(f"{where}: {why}")
-        log.warning("Skipping data row %s: %s", where, why)
-
-    def __len__(self) -> int:
-        return len(self.reasons)
 
 
 def gold_final_answer(solution: str) -> str | None:

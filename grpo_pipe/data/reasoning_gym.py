@@ -1,8 +1,9 @@
 """Procedural tasks from the `reasoning-gym` library, generated offline from a seed.
 
 Train and eval use different seeds; any eval question that also occurs in train is dropped, so the
-two splits never overlap. Answers are scored by our own reward, not by reasoning-gym's scorer, so
-every data source is judged the same way.
+two splits never overlap. Each task carries its reasoning-gym entry as metadata (`reasoning_gym`), so
+`reward=reasoning_gym` can score it with the library's own scorer: needed for tasks whose answers are
+not numbers (words, letters, lists), which the default numeric `reward=correctness` cannot judge.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class ReasoningGymTasks:
         self.seed = seed
         self.difficulty = dict(difficulty or {})
         self.system_prompt = system_prompt
+        self.skipped: list[str] = []  # generated tasks are never malformed
         self._train: list[Task] | None = None
         self._eval: list[Task] | None = None
 
@@ -42,7 +44,12 @@ class ReasoningGymTasks:
 
         dataset = reasoning_gym.create_dataset(self.task, size=size, seed=seed, **self.difficulty)
         return [
-            Task(uid=f"{self.task}/{split}/{seed}/{i}", question=item["question"], answer=str(item["answer"]))
+            Task(
+                uid=f"{self.task}/{split}/{seed}/{i}",
+                question=item["question"],
+                answer=str(item["answer"]),
+                metadata={"reasoning_gym": item},
+            )
             for i, item in enumerate(dataset)
         ]
 

@@ -9,6 +9,7 @@ machine (a local Ray instance bound to 127.0.0.1, no dashboard) or on a cluster 
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import socket
@@ -55,6 +56,12 @@ class SplitPlacement:
         self._group: Any = None  # the engines' Ray placement group: one bundle per replica
         self._tp = 1
         self._owns_ray = False
+
+    def config_problems(self) -> list[str]:
+        """Ray is an optional dependency: only this placement needs it."""
+        if importlib.util.find_spec("ray") is None:
+            return ["_target_: placement=split needs Ray, which is not installed: pip install 'grpo_pipe[ray]'"]
+        return []
 
     def place(self, engine: RolloutEngine) -> RolloutEngine:
         if not isinstance(engine, VllmEngine):

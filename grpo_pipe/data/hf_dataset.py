@@ -1,0 +1,125 @@
+"""`data=hf`: a Hugging Face dataset, from the hub (online) or a local folder (offline).
+
+A local folder is either a dataset saved with `save_to_disk` (read with `datasets.load_from_disk`) or a
+folder of JSONL / parquet files, whose split names come from the file names (`train.jsonl`, `test.parquet`).
+Columns map as in `data=jsonl`; eval is a named split, or a seeded held-out fraction of the train split.
+Needs the optional `datasets` package: `pip install 'grpo_pipe[hf]'`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import re
+from pathlib import Path
+from typing import Any
+
+from grpo_pipe.data.rows import RowFormat, SkippedRows, hold_out, limit, rows_to_tasks
+from grpo_pipe.types import Task
+
+log = logging.getLogger(__name__)
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_SAVED_MARKERS = ("dataset_dict.json", "state.json")  # what `save_to_disk` writes
+
+
+class HfDatasetTasks:
+    """Tasks from the splits of one Hugging Face dataset."""
+
+    def __init__(
+        self,
+        name: str,
+        config_name: str | None = None,
+        revision: str | None = None,
+        train_split: str = "train",
+        eval_split: str | None = "test",
+        eval_fraction: float = 0.1,
+        seed: int = 0,
+        prompt_key: str = "prompt",
+        answer_key: str = "answer",
+        metadata_keys: list[str] | None = None,
+        answer_after: str | None = None,
+        max_train: int | None = None,
+        max_eval: int | None = None,
+        max_prompt_chars: int = 20_000,
+        system_prompt: str = "",
+    ) -> None:
+        self.name = name  # a hub id "org/name" or a local folder
+        self.config_name = config_name
+        self.revision = revision
+        self.train_split = train_split
+        self.eval_split = eval_split  # null: hold out eval_fraction of the train split
+        self.eval_fraction = eval_fraction
+        self.seed = seed
+        self.format = RowFormat(
+            prompt_key, answer_key, None if metadata_keys is None else tuple(metadata_keys), answer_after, max_prompt_chars
+        )
+        self.max_train = max_train
+        self.max_eval = max_eval
+        self.system_prompt = system_prompt
+        self.skipped = SkippedRows()
+        self._dataset: Any = None
+        self._split: tuple[list[Task], list[Task]] | None = None
+
+    def config_problems(self) -> list[str]:
+        if importlib.util.find_spec("datasets") is None:
+            return ["_target_: data=hf needs the `datasets` package: pip install 'grpo_pipe[hf]'"]
+        folder = Path(self.name).expanduser()
+        if not folder.is_dir():
+            if self.name.startswith((".", "/", "~")) or not _HUB_ID.match(self.name):
+                return [f"name={self.name!r}: no such folder (allowed: a local dataset folder or a hub id 'org/name')"]
+            return []  # a hub dataset: its splits and columns are checked when it is downloaded
+        if not 0.0 <= self.eval_fraction < 1.0:
+            return [f"eval_fraction={self.eval_fraction}: allowed 0 <= eval_fraction < 1"]
+        return self._split_problems(self._load())
+
+    def train_tasks(self) -> list[Task]:
+        return limit(self._splits()[0], self.max_train)
+
+    def eval_tasks(self) -> list[Task]:
+        return limit(self._splits()[1], self.max_eval)
+
+    def _split_problems(self, dataset: Any) -> list[str]:
+        problems: list[str] = []
+        for key, split in (("train_split", self.train_split), ("eval_split", self.eval_split)):
+            if split is None:
+                continue
+            if split not in dataset:
+                problems.append(f"{key}={split!r}: no such split in {self.name}; splits: {', '.join(dataset)}")
+            else:
+                problems += self.format.column_problems(dataset[split].column_names, f"{self.name} [{split}]")
+        return problems
+
+    def _splits(self) -> tuple[list[Task], list[Task]]:
+        if self._split is None:
+            dataset = self._load()
+            problems = self._split_problems(dataset)
+            if problems:  # a hub dataset, seen for the first time now
+                from grpo_pipe.config.validate import ConfigError
+
+                raise ConfigError([f"data.{p}" for p in problems])
+            train = self._tasks(dataset, self.train_split)
+            if self.eval_split is not None:
+                self._split = train, self._tasks(dataset, self.eval_split)
+            else:
+                self._split = hold_out(train, self.eval_fraction, self.seed)
+            log.info("data: %d train, %d eval tasks; %d rows skipped", *map(len, self._split), len(self.skipped))
+        return self._split
+
+    def _tasks(self, dataset: Any, split: str) -> list[Task]:
+        return rows_to_tasks(iter(dataset[split]), f"{Path(self.name).name}/{split}", self.format, self.skipped)
+
+    def _load(self) -> Any:
+        """A DatasetDict (a single saved Dataset becomes the `train` split)."""
+        if self._dataset is None:
+            import datasets
+
+            folder = Path(self.name).expanduser()
+            if folder.is_dir() and any((folder / m).exists() for m in _SAVED_MARKERS):
+                loaded = datasets.load_from_disk(str(folder))
+            elif folder.is_dir():
+                loaded = datasets.load_dataset(str(folder))
+            else:
+                loaded = datasets.load_dataset(self.name, self.config_name, revision=self.revision)
+            self._dataset = datasets.DatasetDict({"train": loaded}) if isinstance(loaded, datasets.Dataset) else loaded
+        return self._dataset

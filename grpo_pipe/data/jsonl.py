@@ -1,0 +1,135 @@
+"""`data=jsonl`: your own tasks from local JSONL or parquet files, with the columns named in the config.
+
+Eval comes from its own file (`eval_path`), or a seeded held-out fraction of the train file. Every column
+other than the prompt and the answer (or those listed in `metadata_keys`) travels with its task to the
+reward. Unparsable or incomplete rows are skipped and counted (`skipped`), never fatal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from grpo_pipe.data.rows import RowFormat, SkippedRows, hold_out, limit, rows_to_tasks
+from grpo_pipe.types import Task
+
+log = logging.getLogger(__name__)
+
+SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+class JsonlTasks:
+    """Tasks from a train file and an eval file (or a held-out fraction of the train file)."""
+
+    def __init__(
+        self,
+        train_path: str,
+        eval_path: str | None = None,
+        eval_fraction: float = 0.1,
+        seed: int = 0,
+        prompt_key: str = "prompt",
+        answer_key: str = "answer",
+        metadata_keys: list[str] | None = None,
+        answer_after: str | None = None,
+        max_train: int | None = None,
+        max_eval: int | None = None,
+        max_prompt_chars: int = 20_000,
+        system_prompt: str = "",
+    ) -> None:
+        self.train_path = train_path
+        self.eval_path = eval_path
+        self.eval_fraction = eval_fraction  # used only without eval_path
+        self.seed = seed
+        self.format = RowFormat(
+            prompt_key, answer_key, None if metadata_keys is None else tuple(metadata_keys), answer_after, max_prompt_chars
+        )
+        self.max_train = max_train
+        self.max_eval = max_eval
+        self.system_prompt = system_prompt
+        self.skipped = SkippedRows()
+        self._split: tuple[list[Task], list[Task]] | None = None
+
+    def config_problems(self) -> list[str]:
+        problems = _file_problems("train_path", self.train_path, self.format)
+        if self.eval_path is not None:
+            problems += _file_problems("eval_path", self.eval_path, self.format)
+        elif not 0.0 <= self.eval_fraction < 1.0:
+            problems.append(f"eval_fraction={self.eval_fraction}: allowed 0 <= eval_fraction < 1")
+        return problems
+
+    def train_tasks(self) -> list[Task]:
+        return limit(self._splits()[0], self.max_train)
+
+    def eval_tasks(self) -> list[Task]:
+        return limit(self._splits()[1], self.max_eval)
+
+    def _splits(self) -> tuple[list[Task], list[Task]]:
+        if self._split is None:
+            train = self._load(self.train_path)
+            if self.eval_path is not None:
+                self._split = train, self._load(self.eval_path)
+            else:
+                self._split = hold_out(train, self.eval_fraction, self.seed)
+            log.info("data: %d train, %d eval tasks; %d rows skipped", *map(len, self._split), len(self.skipped))
+        return self._split
+
+    def _load(self, path: str) -> list[Task]:
+        file = Path(path).expanduser()
+        return rows_to_tasks(read_rows(file, self.skipped), file.name, self.format, self.skipped)
+
+
+def read_rows(file: Path, skipped: SkippedRows) -> Iterator[Mapping[str, Any] | None]:
+    """The rows of a JSONL or parquet file. A blank line yields None (so row numbers stay line numbers);
+    a line that is not a JSON object yields None too, and is counted as skipped here."""
+    if file.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        yield from pq.read_table(file).to_pylist()
+        return
+    with file.open(encoding="utf-8", errors="replace") as lines:
+        for line_no, line in enumerate(lines, start=1):
+            if not line.strip():
+                yield None
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                row = f"not JSON ({err})"
+            if not isinstance(row, dict):
+                skipped.add(f"{file.name}:{line_no}", row if isinstance(row, str) else "not a JSON object")
+                row = None
+            yield row
+
+
+def first_row_columns(file: Path) -> list[str]:
+    """Column names of a file, from its parquet schema or its first JSON object line."""
+    if file.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return list(pq.read_schema(file).names)
+    with file.open(encoding="utf-8", errors="replace") as lines:
+        for line in lines:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(row, dict):
+                return list(row)
+    return []
+
+
+def _file_problems(key: str, path: str, row_format: RowFormat) -> list[str]:
+    file = Path(path).expanduser()
+    if not file.is_file():
+        return [f"{key}={path!r}: no such file"]
+    if file.suffix not in SUFFIXES:
+        return [f"{key}={path!r}: unknown file type {file.suffix!r}; allowed: {', '.join(SUFFIXES)}"]
+    if file.suffix == ".parquet":
+        import importlib.util
+
+        if importlib.util.find_spec("pyarrow") is None:
+            return [f"{key}={path!r}: reading parquet needs pyarrow: pip install 'grpo_pipe[hf]'"]
+    return row_format.column_problems(first_row_columns(file), file.name)

