@@ -14,13 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_pipe import step_metrics
 from grpo_pipe.bridges.files import copy_tokenizer_files
 from grpo_pipe.checkpointing import Checkpoint, config_differences, find_resume_checkpoint
-from grpo_pipe.config.validate import ConfigError, validate_config
+from grpo_pipe.config.validate import ConfigError, instantiate_components, validate_config
 from grpo_pipe.progress import StepProgress
 from grpo_pipe.prompts import render_prompt
 from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
@@ -36,7 +35,7 @@ COMPONENT_GROUPS = (
     "run", "model", "data", "reward", "curriculum", "trainer", "rollout", "weight_bridge", "placement", "logger",
     "checkpoint",
 )
-VALIDATED_GROUPS = COMPONENT_GROUPS + ("policy",)
+VALIDATED_GROUPS = COMPONENT_GROUPS + ("policy", "loss", "optimizer")  # the last three are built inside `trainer`
 PLAIN_KEYS = ("resume", "resume_accept")  # top-level settings that are not components
 # Early stopping and the time budget end a run normally (final evaluation, FINISHED); a signal does not.
 NORMAL_ENDS = ("early_stopping", "time_budget")
@@ -65,10 +64,7 @@ class RunResult:
 def build(cfg: DictConfig) -> dict[str, Any]:
     """Validate the whole config, then construct every component (cheap: nothing loads here)."""
     validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)
-    parts: dict[str, Any] = {}
-    for group in COMPONENT_GROUPS:
-        log.info("Instantiating %s <%s>", group, cfg[group]._target_)
-        parts[group] = instantiate(cfg[group], _convert_="all")
+    parts = instantiate_components(cfg, COMPONENT_GROUPS)
     parts["rollout"] = parts["placement"].place(parts["rollout"])
     problems = parts["weight_bridge"].check(parts["rollout"], parts["trainer"].policy)
     trainer, bridge = parts["trainer"], parts["weight_bridge"]

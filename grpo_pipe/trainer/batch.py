@@ -19,6 +19,7 @@ class TrainSample:
     sampling_logprobs: tuple[float, ...]  # [T]
     advantage: float
     policy_version: int
+    truncated: bool = False  # hit the generation budget without EOS (finish_reason "length")
 
 
 def flatten(groups: Sequence[RolloutGroup], advantages: Sequence[float]) -> list[TrainSample]:
@@ -34,6 +35,7 @@ def flatten(groups: Sequence[RolloutGroup], advantages: Sequence[float]) -> list
                     sampling_logprobs=completion.logprobs,
                     advantage=float(advantages[index]),
                     policy_version=completion.policy_version,
+                    truncated=completion.finish_reason == "length",
                 )
             )
             index += 1
