@@ -64,7 +64,7 @@ class RunResult:
 def build(cfg: DictConfig) -> dict[str, Any]:
     """Validate the whole config, then construct every component (cheap: nothing loads here)."""
     validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)
-    parts = instantiate_components(cfg, COMPONENT_GROUPS)
+    parts = instantiate_components(cfg, COMPONENT_GROUPS, nested=("policy", "loss", "optimizer"))
     parts["rollout"] = parts["placement"].place(parts["rollout"])
     problems = parts["weight_bridge"].check(parts["rollout"], parts["trainer"].policy)
     trainer, bridge = parts["trainer"], parts["weight_bridge"]

@@ -88,8 +88,12 @@ def _data_file_problems(cfg: DictConfig) -> list[str]:
     return problems
 
 
-def instantiate_components(cfg: DictConfig, groups: Sequence[str]) -> dict[str, Any]:
-    """Build each group's component; every constructor's complaint is collected into one ConfigError."""
+def instantiate_components(cfg: DictConfig, groups: Sequence[str], nested: Sequence[str] = ()) -> dict[str, Any]:
+    """Build each group's component; every constructor's complaint is collected into one ConfigError.
+
+    `nested`: groups built inside another (`trainer.loss: ${loss}`). A nested constructor that fails
+    stops its parent's constructor from running, so on failure every node is built once more on its
+    own, non-recursively, to collect the parent's range checks too."""
     parts: dict[str, Any] = {}
     problems: list[str] = []
     for group in groups:
@@ -99,7 +103,14 @@ def instantiate_components(cfg: DictConfig, groups: Sequence[str]) -> dict[str, 
         except (InstantiationException, ValueError, TypeError) as err:
             problems.extend(_constructor_problems(group, err))
     if problems:
-        raise ConfigError(problems)
+        for group in (*groups, *nested):
+            try:
+                instantiate(cfg[group], _convert_="all", _recursive_=False)
+            except (InstantiationException, ValueError) as err:
+                problems.extend(_constructor_problems(group, err))
+            except Exception:  # a constructor that needs its nested objects built: the first pass spoke for it
+                pass
+        raise ConfigError(list(dict.fromkeys(problems)))
     return parts
 
 

@@ -31,6 +31,12 @@ from grpo_pipe.types import GeneratedBatch, RolloutGroup, SamplingSettings, Task
 
 StalePolicy = Literal["pace", "drop"]
 log = logging.getLogger(__name__)
+# Batches in a row with no prompt that fits before a step is declared impossible (an error, not a loop).
+MAX_EMPTY_BATCHES = 3
+
+
+class NoTaskFits(RuntimeError):
+    """No task of a step could be rolled out: every prompt drawn was longer than the engine allows."""
 
 
 @dataclass
@@ -120,26 +126,36 @@ class RolloutScheduler:
 
     def _submit(self) -> None:
         self._submitted += 1
-        while True:  # a batch whose every prompt is too long is skipped whole
+        for _ in range(MAX_EMPTY_BATCHES):  # a batch whose every prompt is too long is skipped whole
             batch = self._fit(self.next_batch())
             if batch:
-                break
-        self._submit_batch(self._submitted, batch)
+                self._submit_batch(self._submitted, batch)
+                return
+        raise NoTaskFits(
+            f"{MAX_EMPTY_BATCHES} batches in a row had no prompt of at most {self.prompt_limit} tokens "
+            "(the engine's max_model_len minus the generation budget): nothing can be rolled out; "
+            "lower run.max_new_tokens, raise rollout.max_model_len, or use run.overlong_prompts=truncate"
+        )
 
     def _fit(self, batch: list[tuple[Task, int]]) -> list[tuple[Task, int]]:
-        """Drop (and count) or keep prompts too long for the engine, as `overlong_prompts` says."""
+        """Drop (and count) or keep prompts too long for the engine, as `overlong_prompts` says.
+        One warning per batch at most, naming the first few tasks skipped, never one per task."""
         if self.prompt_limit is None or self.overlong_prompts == "truncate":
             return batch
-        kept = []
+        kept, skipped = [], []
         for task, samples in batch:
             length = len(self.render(task))
             if length > self.prompt_limit:
-                log.warning("Task %s skipped: prompt of %d tokens > %d that fit the engine", task.uid, length, self.prompt_limit)
-                reason = f"prompt longer than {self.prompt_limit} tokens"
-                self.ledger.dropped[reason] = self.ledger.dropped.get(reason, 0) + 1
-                self.ledger.submitted += 1  # counted as taken from the curriculum, so the ledger balances
+                skipped.append(f"{task.uid} ({length} tokens)")
                 continue
             kept.append((task, samples))
+        if skipped:
+            reason = f"prompt longer than {self.prompt_limit} tokens"
+            self.ledger.dropped[reason] = self.ledger.dropped.get(reason, 0) + len(skipped)
+            self.ledger.submitted += len(skipped)  # counted as taken from the curriculum, so the ledger balances
+            shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+            log.warning("%d of %d task(s) skipped, prompt longer than the %d tokens that fit the engine: %s",
+                        len(skipped), len(batch), self.prompt_limit, shown)
         return kept
 
     def _prompt(self, task: Task) -> tuple[int, ...]:
