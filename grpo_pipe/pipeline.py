@@ -25,7 +25,7 @@ from grpo_pipe.prompts import render_prompt
 from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
 from grpo_pipe.rollout.scheduler import Ledger, RolloutScheduler, TakenBatch
 from grpo_pipe.run_state import LiveRun, LoopState, RunSettings
-from grpo_pipe.stopping import StopRequest
+from grpo_pipe.stopping import GenerationInterrupted, StopRequest
 from grpo_pipe.types import SamplingSettings
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
         if resume_from is None:
             tracker.log_params(_flatten(OmegaConf.to_container(cfg, resolve=True)))
             _log_hydra_files(tracker, job.output_dir)
-        with StopRequest() as stop:
+        with StopRequest(grace_s=parts["run"].shutdown_grace_s) as stop:
             result = _train(cfg, parts, job.output_dir, resume_from, stop)
         status = "KILLED" if result.stopped_by else "FINISHED"
         log.info(tracker.describe())
@@ -143,6 +143,7 @@ def _train(
     cfg: DictConfig, parts: dict[str, Any], output_dir: Path, resume_from: Checkpoint | None, stop: StopRequest
 ) -> RunResult:
     live = _start(parts)
+    live.scheduler.guard = stop.interruptible  # a stop signal abandons a generation in progress
     settings, trainer, tracker, curriculum = live.settings, parts["trainer"], parts["logger"], parts["curriculum"]
     first_step = 1 if resume_from is None else live.restore(resume_from)
     if resume_from is None:
@@ -162,6 +163,12 @@ def _train(
                 if live.state.trained_through > 0:  # keep the work done so far, then fail loudly
                     live.save_checkpoint(cfg, live.state.trained_through)
                 raise
+            except GenerationInterrupted:  # the abandoned batch was for this step: the last finished one is step - 1
+                stopped_by = stop.reason
+                if step > 1:
+                    live.save_checkpoint(cfg, step - 1)
+                log.warning("Stopped during step %d's generation (%s)", step, stopped_by)
+                break
             early_stop = _maybe_evaluate(live, step, metrics)
             if step not in already_logged:
                 tracker.log_metrics(metrics, step=step)

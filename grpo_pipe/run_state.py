@@ -34,6 +34,7 @@ class RunSettings:
     overlong_prompts: Literal["skip", "truncate"] = "skip"  # prompts that leave no room for max_new_tokens
     samples_to_log: int = 16
     seeded_sampling: bool = True  # every batch sampled with a seed derived from `seed`: reproducible, resumable
+    shutdown_grace_s: float = 30.0  # after a stop signal the process ends within this, finished or not
 
 
 @dataclass

@@ -67,6 +67,13 @@ def cross_field_problems(cfg: DictConfig) -> list[str]:
             )
         if isinstance(budget, int) and budget < 1:
             problems.append(f"{key}={budget}: must be >= 1")
+    positions = OmegaConf.select(cfg, "model.max_position_embeddings")
+    if isinstance(context, int) and isinstance(positions, int) and context > positions:
+        problems.append(f"rollout.max_model_len={context} > model.max_position_embeddings={positions}: "
+                        f"allowed rollout.max_model_len <= {positions}, or raise model.max_position_embeddings")
+    grace = OmegaConf.select(cfg, "run.shutdown_grace_s")
+    if isinstance(grace, (int, float)) and grace <= 0:
+        problems.append(f"run.shutdown_grace_s={grace}: must be > 0 (seconds a stop may take before the process ends)")
     problems.extend(_data_file_problems(cfg))
     return problems
 

@@ -18,6 +18,7 @@ when the run ended.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from grpo_pipe.interfaces import PendingRollout, RolloutEngine
+from grpo_pipe.stopping import GenerationInterrupted
 from grpo_pipe.types import GeneratedBatch, RolloutGroup, SamplingSettings, Task
 
 StalePolicy = Literal["pace", "drop"]
@@ -104,17 +106,26 @@ class RolloutScheduler:
         self._queue: deque[_InFlight] = deque()
         self._submitted = 0
         self._last_finished: float | None = None
+        # Wraps every wait on the engine; a stop signal may abandon it (StopRequest.interruptible).
+        self.guard: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
+        self.interrupted: str | None = None  # set when a stop signal abandoned a generation
 
     @property
     def in_flight(self) -> int:
         return len(self._queue)
 
     def fill(self, trainer_version: int, pushed_version: int, steps_done: int) -> int:
-        """Submit every batch the policy allows now; returns how many were submitted."""
+        """Submit every batch the policy allows now; returns how many were submitted.
+
+        A stop signal during an in-process generation abandons that batch (never queued, so the ledger
+        stays balanced) and returns; the next `take` then raises GenerationInterrupted."""
         count = 0
-        while self._may_submit(trainer_version, pushed_version, steps_done):
-            self._submit()
-            count += 1
+        try:
+            while self.interrupted is None and self._may_submit(trainer_version, pushed_version, steps_done):
+                self._submit()
+                count += 1
+        except GenerationInterrupted as stop:  # its tasks were never queued: a resume goes on with the next batch
+            self.interrupted = str(stop)
         return count
 
     def _may_submit(self, trainer_version: int, pushed_version: int, steps_done: int) -> bool:
@@ -168,7 +179,8 @@ class RolloutScheduler:
         tasks = [task for task, _ in batch]
         samples = [n for _, n in batch]
         prompts = [self._prompt(task) for task in tasks]
-        pending = self.engine.submit(prompts, samples, self._sampling_for(index))
+        with self.guard():
+            pending = self.engine.submit(prompts, samples, self._sampling_for(index))
         self._queue.append(_InFlight(index, tasks, samples, prompts, pending))
         self.ledger.submitted += len(tasks)
         self.ledger.in_flight += len(tasks)
@@ -214,12 +226,15 @@ class RolloutScheduler:
 
     def take(self, trainer_version: int) -> TakenBatch:
         """The oldest batch in flight (blocks until it is generated). Call `fill` first."""
+        if self.interrupted is not None:
+            raise GenerationInterrupted(self.interrupted)
         if not self._queue:
             raise RuntimeError("take() with nothing in flight: call fill() first")
         depth = len(self._queue)
         entry = self._queue[0]
         waited = time.perf_counter()
-        generated = entry.pending.result()  # EngineLost leaves it queued, for requeue_lost()
+        with self.guard():
+            generated = entry.pending.result()  # EngineLost and GenerationInterrupted leave it queued
         wait_s = time.perf_counter() - waited
         self._queue.popleft()
         self.generation_intervals.append((generated.started_s, generated.finished_s))
