@@ -15,6 +15,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType, TracebackType
+from typing import Self
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class StopRequest:
     def requested(self) -> bool:
         return self.reason is not None
 
-    def __enter__(self) -> StopRequest:
+    def __enter__(self) -> Self:
         if threading.current_thread() is threading.main_thread():  # signals can only be caught there
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous[signum] = signal.signal(signum, self._handle)

@@ -17,9 +17,8 @@ import logging
 import types
 import typing
 from collections.abc import Mapping, Sequence
-from typing import Any
-
 from pathlib import Path
+from typing import Any
 
 from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
@@ -115,8 +114,8 @@ def instantiate_components(cfg: DictConfig, groups: Sequence[str], nested: Seque
                 instantiate(cfg[group], _convert_="all", _recursive_=False)
             except (InstantiationException, ValueError) as err:
                 problems.extend(_constructor_problems(group, err))
-            except Exception:  # a constructor that needs its nested objects built: the first pass spoke for it
-                pass
+            except Exception as err:  # noqa: BLE001 a constructor that needs its nested objects built: the first pass spoke for it
+                log.debug("%s: not checked on its own (%s)", group, err)
         raise ConfigError(list(dict.fromkeys(problems)))
     return parts
 

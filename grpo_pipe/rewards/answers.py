@@ -151,7 +151,7 @@ class MathVerifyVerifier:
         from math_verify import parse, verify
 
         # math-verify's timeouts use SIGALRM, which only the main thread may set.
-        timeout = self.timeout_s if threading.current_thread() is threading.main_thread() else None
+        timeout = self.timeout_s if threading.current_thread() is threading.main_thread() else 0  # 0: no timeout
         predicted = parse(text, parsing_timeout=timeout)
         if not predicted:
             return None

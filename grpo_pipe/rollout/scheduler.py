@@ -22,9 +22,8 @@ import contextlib
 import logging
 import time
 from collections import deque
-from dataclasses import replace
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from grpo_pipe.interfaces import PendingRollout, RolloutEngine

@@ -101,9 +101,9 @@ def test_group_advantages_by_hand_use_the_sample_std() -> None:
 # ---- the loss family --------------------------------------------------------------------------------------
 
 VARIANTS = {  # the presets of conf/loss/*.yaml
-    "grpo": dict(aggregation="sequence_mean"),
-    "dr_grpo": dict(aggregation="constant", max_tokens=16),
-    "dapo": dict(aggregation="token_mean", mask_truncated=True),
+    "grpo": {"aggregation": "sequence_mean"},
+    "dr_grpo": {"aggregation": "constant", "max_tokens": 16},
+    "dapo": {"aggregation": "token_mean", "mask_truncated": True},
 }
 
 
