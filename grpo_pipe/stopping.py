@@ -91,6 +91,6 @@ class StopRequest:
         log.warning("%s received: finishing this step, then writing a checkpoint (signal again to exit at once)", name)
 
     def _exit_late(self, signum: int) -> None:
-        log.error("Stop took longer than run.shutdown_grace_s=%s s: exiting without finishing it", self.grace_s)
-        logging.shutdown()
+        # Written straight to stderr: the logging lock may be held by the thread this deadline overrides.
+        os.write(2, f"Stop took longer than run.shutdown_grace_s={self.grace_s} s: exiting without finishing it\n".encode())
         os._exit(128 + signum)

@@ -87,7 +87,8 @@ def test_sigterm_during_a_2000_token_generation_exits_within_the_grace_with_a_ch
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
     try:
-        _wait_for_text(second / "grpo_pipe.log", "vLLM engine up", proc)  # the stop handler is in place
+        # The stop handler is in place once the engine is up; step 2's batch is being generated after this line.
+        _wait_for_text(second / "grpo_pipe.log", "up to 2000 new tokens", proc)
         sent = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=grace + 60)
@@ -98,7 +99,7 @@ def test_sigterm_during_a_2000_token_generation_exits_within_the_grace_with_a_ch
             proc.wait()
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
     assert elapsed < grace + 10, f"stop took {elapsed:.1f}s"
-    assert "Stopped during step 2's generation (SIGTERM)" in out
+    assert "Stopped during step 2's generation (SIGTERM)" in out and "step 2/2" not in out
     [saved] = sorted((first / "checkpoints").glob("step-*"))  # one run, one checkpoint folder
     assert saved.name == "step-000001"
     state = Checkpoint(saved).trainer_state()  # loads with weights_only=True

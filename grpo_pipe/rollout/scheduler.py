@@ -178,6 +178,8 @@ class RolloutScheduler:
         tasks = [task for task, _ in batch]
         samples = [n for _, n in batch]
         prompts = [self._prompt(task) for task in tasks]
+        log.info("Generating batch %d: %d prompts, %d samples, up to %d new tokens each",
+                 index, len(prompts), sum(samples), self.sampling.max_tokens)
         with self.guard():
             pending = self.engine.submit(prompts, samples, self._sampling_for(index))
         self._queue.append(_InFlight(index, tasks, samples, prompts, pending))
