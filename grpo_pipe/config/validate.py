@@ -49,8 +49,10 @@ def validate_config(cfg: DictConfig, groups: Sequence[str], plain_keys: Sequence
         _check_component(group, node, problems)
     if not problems:  # the rules below read values the type pass has vouched for
         problems.extend(cross_field_problems(cfg))
+        if problems:  # report the constructors' own range checks with them, not on the next try
+            problems.extend(_each_constructor_alone(cfg, groups))
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(list(dict.fromkeys(problems)))
 
 
 def cross_field_problems(cfg: DictConfig) -> list[str]:
@@ -109,15 +111,22 @@ def instantiate_components(cfg: DictConfig, groups: Sequence[str], nested: Seque
         except (InstantiationException, ValueError, TypeError) as err:
             problems.extend(_constructor_problems(group, err))
     if problems:
-        for group in (*groups, *nested):
-            try:
-                instantiate(cfg[group], _convert_="all", _recursive_=False)
-            except (InstantiationException, ValueError) as err:
-                problems.extend(_constructor_problems(group, err))
-            except Exception as err:  # noqa: BLE001 a constructor that needs its nested objects built: the first pass spoke for it
-                log.debug("%s: not checked on its own (%s)", group, err)
+        problems.extend(_each_constructor_alone(cfg, (*groups, *nested)))
         raise ConfigError(list(dict.fromkeys(problems)))
     return parts
+
+
+def _each_constructor_alone(cfg: DictConfig, groups: Sequence[str]) -> list[str]:
+    """Every group's constructor run on its own scalars (nested components left as config): its range checks."""
+    problems: list[str] = []
+    for group in groups:
+        try:
+            instantiate(cfg[group], _convert_="all", _recursive_=False)
+        except (InstantiationException, ValueError) as err:
+            problems.extend(_constructor_problems(group, err))
+        except Exception as err:  # noqa: BLE001 a constructor that needs its nested objects built: checked when built
+            log.debug("%s: not checked on its own (%s)", group, err)
+    return problems
 
 
 def _constructor_problems(group: str, err: BaseException) -> list[str]:

@@ -89,6 +89,13 @@ def test_constructor_range_checks_are_collected_in_the_one_format(compose_cfg) -
     assert "full_key" not in text and "Error in call to target" not in text
 
 
+def test_cross_field_file_and_constructor_problems_come_in_one_list(compose_cfg) -> None:
+    problems = _problems(compose_cfg(["run.max_new_tokens=5000", "data=gsm8k", "data.path=/nonexistent",
+                                      "trainer.steps=-1", "curriculum.samples_per_prompt=1"]))
+    assert [p.split("=", 1)[0] for p in problems] == [
+        "run.max_new_tokens", "data.path", "curriculum.prompts_per_step", "trainer.steps"]
+
+
 @pytest.mark.parametrize("loss", ["grpo", "dr_grpo", "dapo"])
 def test_every_loss_preset_builds(compose_cfg, loss: str) -> None:
     assert type(build(compose_cfg([f"loss={loss}"]))["trainer"].loss).__name__ == "GRPOLoss"
