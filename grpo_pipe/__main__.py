@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -42,7 +43,10 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     if result.stopped_by is not None:  # stopped by a signal after a checkpoint: resumable, not finished
         log.warning("Stopped by %s; continue with: python -m grpo_pipe resume=%s", result.stopped_by, job_context().output_dir)
-        sys.exit(128 + signal.Signals[result.stopped_by].value)
+        # Everything is saved and closed: skip the interpreter's teardown of vLLM/torch (seconds to minutes on a
+        # loaded machine), which no grace deadline can bound (daemon threads stop running during it).
+        logging.shutdown()
+        os._exit(128 + signal.Signals[result.stopped_by].value)
 
 
 if __name__ == "__main__":

@@ -14,20 +14,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_pipe import step_metrics
 from grpo_pipe.bridges.files import copy_tokenizer_files
 from grpo_pipe.checkpointing import Checkpoint, config_differences, find_resume_checkpoint
-from grpo_pipe.config.validate import ConfigError, validate_config
+from grpo_pipe.config.validate import ConfigError, instantiate_components, validate_config
 from grpo_pipe.interfaces import ChecksItsConfig
 from grpo_pipe.progress import StepProgress
 from grpo_pipe.prompts import render_prompt
 from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
 from grpo_pipe.rollout.scheduler import Ledger, RolloutScheduler, TakenBatch
 from grpo_pipe.run_state import LiveRun, LoopState, RunSettings
-from grpo_pipe.stopping import StopRequest
+from grpo_pipe.stopping import GenerationInterrupted, StopRequest
 from grpo_pipe.types import SamplingSettings
 
 log = logging.getLogger(__name__)
@@ -37,7 +36,7 @@ COMPONENT_GROUPS = (
     "run", "model", "data", "reward", "curriculum", "trainer", "rollout", "weight_bridge", "placement", "logger",
     "checkpoint",
 )
-VALIDATED_GROUPS = COMPONENT_GROUPS + ("policy",)
+VALIDATED_GROUPS = COMPONENT_GROUPS + ("policy", "loss", "optimizer")  # the last three are built inside `trainer`
 PLAIN_KEYS = ("resume", "resume_accept")  # top-level settings that are not components
 # Early stopping and the time budget end a run normally (final evaluation, FINISHED); a signal does not.
 NORMAL_ENDS = ("early_stopping", "time_budget")
@@ -66,10 +65,7 @@ class RunResult:
 def build(cfg: DictConfig) -> dict[str, Any]:
     """Validate the whole config, then construct every component (cheap: nothing loads here)."""
     validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)
-    parts: dict[str, Any] = {}
-    for group in COMPONENT_GROUPS:
-        log.info("Instantiating %s <%s>", group, cfg[group]._target_)
-        parts[group] = instantiate(cfg[group], _convert_="all")
+    parts = instantiate_components(cfg, COMPONENT_GROUPS, nested=("policy", "loss", "optimizer"))
     # Paths, columns, importable functions: checked on the built components, still before anything loads.
     problems = [f"{g}.{p}" for g, part in parts.items() if isinstance(part, ChecksItsConfig) for p in part.config_problems()]
     if problems:
@@ -111,7 +107,7 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
         if resume_from is None:
             tracker.log_params(_flatten(OmegaConf.to_container(cfg, resolve=True)))
             _log_hydra_files(tracker, job.output_dir)
-        with StopRequest() as stop:
+        with StopRequest(grace_s=parts["run"].shutdown_grace_s) as stop:
             result = _train(cfg, parts, job.output_dir, resume_from, stop)
         status = "KILLED" if result.stopped_by else "FINISHED"
         log.info(tracker.describe())
@@ -154,6 +150,7 @@ def _train(
     cfg: DictConfig, parts: dict[str, Any], output_dir: Path, resume_from: Checkpoint | None, stop: StopRequest
 ) -> RunResult:
     live = _start(parts)
+    live.scheduler.guard = stop.interruptible  # a stop signal abandons a generation in progress
     settings, trainer, tracker, curriculum = live.settings, parts["trainer"], parts["logger"], parts["curriculum"]
     first_step = 1 if resume_from is None else live.restore(resume_from)
     if resume_from is None:
@@ -173,6 +170,12 @@ def _train(
                 if live.state.trained_through > 0:  # keep the work done so far, then fail loudly
                     live.save_checkpoint(cfg, live.state.trained_through)
                 raise
+            except GenerationInterrupted:  # the abandoned batch was for this step: the last finished one is step - 1
+                stopped_by = stop.reason
+                if step > 1:
+                    live.save_checkpoint(cfg, step - 1)
+                log.warning("Stopped during step %d's generation (%s)", step, stopped_by)
+                break
             early_stop = _maybe_evaluate(live, step, metrics)
             if step not in already_logged:
                 tracker.log_metrics(metrics, step=step)

@@ -34,6 +34,7 @@ class RunSettings:
     overlong_prompts: Literal["skip", "truncate"] = "skip"  # prompts that leave no room for max_new_tokens
     samples_to_log: int = 16
     seeded_sampling: bool = True  # every batch sampled with a seed derived from `seed`: reproducible, resumable
+    shutdown_grace_s: float = 30.0  # after a stop signal the process ends within this, finished or not
     eval_metric: str = "accuracy"  # eval/score: accuracy (the reward's notion of solved) | reward | reward/<term>
     eval_pass_k: int = 0  # k sampled completions per held-out task for eval/pass_at_<k>; 0 = greedy only
 

@@ -39,5 +39,5 @@ def test_a_run_on_bad_rows_completes_and_counts_every_skip(compose_cfg, tmp_path
     # 4 usable tasks, 4 per step: each step is one pass and meets the 100k-char question once, skips it,
     # and trains on the other 3 (the long question never reaches the engine).
     assert sum(too_long.values()) == 2
-    assert "train.jsonl:7 skipped: prompt of" in caplog.text
+    assert "skipped, prompt longer than" in caplog.text and "train.jsonl:7 (" in caplog.text
     assert result.ledger.balanced() and result.ledger.trained == 2 * 3

@@ -82,3 +82,29 @@ def test_resume_without_a_checkpoint_is_a_clear_error(tmp_path) -> None:
         find_resume_checkpoint(str(tmp_path), tmp_path)
     with pytest.raises(FileNotFoundError, match="resume=latest"):
         find_resume_checkpoint("latest", tmp_path)
+
+
+def test_a_real_trainer_state_loads_with_weights_only_and_restores_every_rng(tmp_path) -> None:
+    import random
+
+    import numpy as np
+
+    from grpo_pipe.models.tiny_random import TinyRandomModel
+    from grpo_pipe.trainer.grpo import GRPOTrainer
+    from grpo_pipe.trainer.policy import FullFinetunePolicy
+    from tests.trainer.test_grpo import _groups
+
+    trainer = GRPOTrainer(FullFinetunePolicy(), steps=3, lr=1e-3)
+    trainer.setup(TinyRandomModel().materialize(), torch.device("cpu"), pad_id=0)
+    trainer.step(*_groups(), temperature=1.0)  # optimizer and schedule state that is not all zeros
+    manager = CheckpointManager(every=1, keep_last=1)
+    manager.attach(tmp_path)
+    torch.manual_seed(1), np.random.seed(2), random.seed(3)
+    saved = manager.save(1, trainer.state_dict(), {"step": 1}, "")
+    expected = (torch.rand(3), np.random.rand(3), [random.random() for _ in range(3)])
+    torch.manual_seed(9), np.random.seed(9), random.seed(9)
+    trainer.load_state_dict(saved.trainer_state())  # torch.load(..., weights_only=True) inside
+    assert torch.equal(torch.rand(3), expected[0])
+    assert np.array_equal(np.random.rand(3), expected[1])
+    assert [random.random() for _ in range(3)] == expected[2]
+    assert set(saved.trainer_state()["rng"]) == {"torch", "cuda", "numpy", "python"}

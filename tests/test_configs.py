@@ -1,8 +1,7 @@
 """Every option of every config group composes, validates and instantiates (cheaply, nothing loads)."""
 
-from pathlib import Path
-
 import pytest
+import torch
 from hydra.utils import instantiate
 
 from grpo_pipe.config.validate import validate_config
@@ -36,6 +35,8 @@ def test_option_instantiates(compose_cfg, group: str, option: str) -> None:
     cfg = compose_cfg([f"{group}={option}", *REQUIRED.get((group, option), [])])
     validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)
     component = instantiate(cfg[group], _convert_="all")
+    if cfg[group].get("_partial_"):  # a factory (optimizer=): build it the way the trainer does
+        component = component([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
     assert type(component).__name__ in str(cfg[group]._target_)
 
 

@@ -1,31 +1,35 @@
 """Validate the composed config against the components it will build, before anything heavy runs.
 
-The schema is the code itself: every node with a `_target_` is checked against the signature and
-type hints of the class it names (unknown keys, missing required values, wrong types, values
-outside a `Literal`). All problems are collected and raised together, each naming the key, the
-value and what is allowed. Checking is cheap: it imports the component modules, never vLLM.
+Three passes, all before any model or engine loads, every problem in the one "Invalid config" list:
+1. Types: every node with a `_target_` is checked against the signature and type hints of the class
+   it names (unknown keys, missing required values, wrong types, values outside a `Literal`).
+2. Cross-field rules no single constructor can see (`cross_field_problems`): the generation budget
+   against the engine's context, data files that must exist.
+3. Construction (`instantiate_components`): each constructor checks its own ranges; what they raise
+   is collected per group instead of surfacing as one Hydra traceback.
+Checking is cheap: it imports the component modules, never vLLM.
 """
 
 from __future__ import annotations
 
 import inspect
+import logging
 import types
 import typing
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from hydra.utils import get_object
+from hydra.errors import InstantiationException
+from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from grpo_pipe.config.errors import ConfigError
+
+__all__ = ["ConfigError", "cross_field_problems", "instantiate_components", "validate_config"]
+
+log = logging.getLogger(__name__)
 HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
-
-
-class ConfigError(ValueError):
-    """One or more invalid config values; the message lists every problem found."""
-
-    def __init__(self, problems: Sequence[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("Invalid config:\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
 def validate_config(cfg: DictConfig, groups: Sequence[str], plain_keys: Sequence[str] = ()) -> None:
@@ -43,8 +47,97 @@ def validate_config(cfg: DictConfig, groups: Sequence[str], plain_keys: Sequence
             problems.append(f"{group}: expected a component config with a `_target_`, got {_show(node)}")
             continue
         _check_component(group, node, problems)
+    if not problems:  # the rules below read values the type pass has vouched for
+        problems.extend(cross_field_problems(cfg))
+        if problems:  # report the constructors' own range checks with them, not on the next try
+            problems.extend(_each_constructor_alone(cfg, groups))
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(list(dict.fromkeys(problems)))
+
+
+def cross_field_problems(cfg: DictConfig) -> list[str]:
+    """Rules that involve more than one component's settings, or the file system."""
+    problems: list[str] = []
+    context = OmegaConf.select(cfg, "rollout.max_model_len")
+    for key in ("run.max_new_tokens", "run.eval_max_new_tokens"):
+        budget = OmegaConf.select(cfg, key)
+        if isinstance(context, int) and isinstance(budget, int) and budget >= context:
+            problems.append(
+                f"{key}={budget} leaves no room for a prompt in rollout.max_model_len={context}: "
+                f"allowed {key} <= {context - 1} (prompt + completion must fit), or raise rollout.max_model_len"
+            )
+        if isinstance(budget, int) and budget < 1:
+            problems.append(f"{key}={budget}: must be >= 1")
+    positions = OmegaConf.select(cfg, "model.max_position_embeddings")
+    if isinstance(context, int) and isinstance(positions, int) and context > positions:
+        problems.append(f"rollout.max_model_len={context} > model.max_position_embeddings={positions}: "
+                        f"allowed rollout.max_model_len <= {positions}, or raise model.max_position_embeddings")
+    grace = OmegaConf.select(cfg, "run.shutdown_grace_s")
+    if isinstance(grace, (int, float)) and grace <= 0:
+        problems.append(f"run.shutdown_grace_s={grace}: must be > 0 (seconds a stop may take before the process ends)")
+    problems.extend(_data_file_problems(cfg))
+    return problems
+
+
+def _data_file_problems(cfg: DictConfig) -> list[str]:
+    """`data.path` (a folder) and the `data.*_file` names inside it must exist, if a path is set."""
+    data = cfg.get("data")
+    if not isinstance(data, DictConfig) or data.get("path") is None:
+        return []
+    folder = Path(str(data.path))
+    if not folder.is_dir():
+        return [f"data.path={str(folder)!r}: no such folder"]
+    problems = []
+    for key in sorted(k for k in data if isinstance(k, str) and k.endswith("_file")):
+        name = data.get(key)
+        if name is not None and not (folder / str(name)).is_file():
+            present = ", ".join(sorted(p.name for p in folder.iterdir() if p.is_file())[:10]) or "(no files)"
+            problems.append(f"data.{key}={str(name)!r}: no such file in data.path={str(folder)!r}; found: {present}")
+    return problems
+
+
+def instantiate_components(cfg: DictConfig, groups: Sequence[str], nested: Sequence[str] = ()) -> dict[str, Any]:
+    """Build each group's component; every constructor's complaint is collected into one ConfigError.
+
+    `nested`: groups built inside another (`trainer.loss: ${loss}`). A nested constructor that fails
+    stops its parent's constructor from running, so on failure every node is built once more on its
+    own, non-recursively, to collect the parent's range checks too."""
+    parts: dict[str, Any] = {}
+    problems: list[str] = []
+    for group in groups:
+        log.info("Instantiating %s <%s>", group, cfg[group]._target_)
+        try:
+            parts[group] = instantiate(cfg[group], _convert_="all")
+        except (InstantiationException, ValueError, TypeError) as err:
+            problems.extend(_constructor_problems(group, err))
+    if problems:
+        problems.extend(_each_constructor_alone(cfg, (*groups, *nested)))
+        raise ConfigError(list(dict.fromkeys(problems)))
+    return parts
+
+
+def _each_constructor_alone(cfg: DictConfig, groups: Sequence[str]) -> list[str]:
+    """Every group's constructor run on its own scalars (nested components left as config): its range checks."""
+    problems: list[str] = []
+    for group in groups:
+        try:
+            instantiate(cfg[group], _convert_="all", _recursive_=False)
+        except (InstantiationException, ValueError) as err:
+            problems.extend(_constructor_problems(group, err))
+        except Exception as err:  # noqa: BLE001 a constructor that needs its nested objects built: checked when built
+            log.debug("%s: not checked on its own (%s)", group, err)
+    return problems
+
+
+def _constructor_problems(group: str, err: BaseException) -> list[str]:
+    """The constructor's own message (Hydra wraps it in `Error in call to target ...`)."""
+    cause: BaseException = err
+    while isinstance(cause, InstantiationException) and cause.__cause__ is not None:
+        cause = cause.__cause__
+    if isinstance(cause, ConfigError):
+        return cause.problems
+    message = str(cause).strip()
+    return [message if message.split("=", 1)[0].split(".", 1)[0] == group else f"{group}: {message}"]
 
 
 def _check_component(path: str, node: DictConfig, problems: list[str]) -> None:
@@ -70,6 +163,8 @@ def _check_component(path: str, node: DictConfig, problems: list[str]) -> None:
                 problems.append(f"{path}.{key}: unknown setting for {_short(target)}; allowed: {allowed}")
             continue
         value = _value(node, key, path, problems)
+        if isinstance(value, DictConfig) and OmegaConf.is_interpolation(node, key):
+            continue  # a shared component (trainer.policy: ${policy}): checked where it is defined
         if value is not _MISSING and key in hints:
             _check_value(f"{path}.{key}", value, hints[key], problems)
     for name, param in params.items():

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_pipe.rewards.answers import is_correct
+from grpo_pipe.rewards.answers import BuiltinVerifier, Verifier
 from grpo_pipe.types import RewardOutput, RolloutGroup
 
 
@@ -17,7 +17,10 @@ class CorrectnessReward:
     The seed designs used correct/wrong = 1.0/-0.2 and 1.0/0.0; both are one override away.
     """
 
-    def __init__(self, correct: float = 1.0, wrong: float = 0.0, unparsable: float = 0.0) -> None:
+    def __init__(
+        self, correct: float = 1.0, wrong: float = 0.0, unparsable: float = 0.0, verifier: Verifier | None = None
+    ) -> None:
+        self.verifier = verifier or BuiltinVerifier()
         self.correct = correct
         self.wrong = wrong
         self.unparsable = unparsable
@@ -31,7 +34,7 @@ class CorrectnessReward:
         parsed: list[float] = []
         for group in groups:
             for completion in group.completions:
-                verdict = is_correct(completion.text, group.task.answer)
+                verdict = self.verifier(completion.text, group.task.answer)
                 correct.append(verdict is True)
                 parsed.append(0.0 if verdict is None else 1.0)
                 if verdict is None:

@@ -18,19 +18,26 @@ when the run ended.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
-from dataclasses import replace
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from grpo_pipe.interfaces import PendingRollout, RolloutEngine
+from grpo_pipe.stopping import GenerationInterrupted
 from grpo_pipe.types import GeneratedBatch, RolloutGroup, SamplingSettings, Task
 
 StalePolicy = Literal["pace", "drop"]
 log = logging.getLogger(__name__)
+# Batches in a row with no prompt that fits before a step is declared impossible (an error, not a loop).
+MAX_EMPTY_BATCHES = 3
+
+
+class NoTaskFits(RuntimeError):
+    """No task of a step could be rolled out: every prompt drawn was longer than the engine allows."""
 
 
 @dataclass
@@ -98,17 +105,26 @@ class RolloutScheduler:
         self._queue: deque[_InFlight] = deque()
         self._submitted = 0
         self._last_finished: float | None = None
+        # Wraps every wait on the engine; a stop signal may abandon it (StopRequest.interruptible).
+        self.guard: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
+        self.interrupted: str | None = None  # set when a stop signal abandoned a generation
 
     @property
     def in_flight(self) -> int:
         return len(self._queue)
 
     def fill(self, trainer_version: int, pushed_version: int, steps_done: int) -> int:
-        """Submit every batch the policy allows now; returns how many were submitted."""
+        """Submit every batch the policy allows now; returns how many were submitted.
+
+        A stop signal during an in-process generation abandons that batch (never queued, so the ledger
+        stays balanced) and returns; the next `take` then raises GenerationInterrupted."""
         count = 0
-        while self._may_submit(trainer_version, pushed_version, steps_done):
-            self._submit()
-            count += 1
+        try:
+            while self.interrupted is None and self._may_submit(trainer_version, pushed_version, steps_done):
+                self._submit()
+                count += 1
+        except GenerationInterrupted as stop:  # its tasks were never queued: a resume goes on with the next batch
+            self.interrupted = str(stop)
         return count
 
     def _may_submit(self, trainer_version: int, pushed_version: int, steps_done: int) -> bool:
@@ -120,26 +136,36 @@ class RolloutScheduler:
 
     def _submit(self) -> None:
         self._submitted += 1
-        while True:  # a batch whose every prompt is too long is skipped whole
+        for _ in range(MAX_EMPTY_BATCHES):  # a batch whose every prompt is too long is skipped whole
             batch = self._fit(self.next_batch())
             if batch:
-                break
-        self._submit_batch(self._submitted, batch)
+                self._submit_batch(self._submitted, batch)
+                return
+        raise NoTaskFits(
+            f"{MAX_EMPTY_BATCHES} batches in a row had no prompt of at most {self.prompt_limit} tokens "
+            "(the engine's max_model_len minus the generation budget): nothing can be rolled out; "
+            "lower run.max_new_tokens, raise rollout.max_model_len, or use run.overlong_prompts=truncate"
+        )
 
     def _fit(self, batch: list[tuple[Task, int]]) -> list[tuple[Task, int]]:
-        """Drop (and count) or keep prompts too long for the engine, as `overlong_prompts` says."""
+        """Drop (and count) or keep prompts too long for the engine, as `overlong_prompts` says.
+        One warning per batch at most, naming the first few tasks skipped, never one per task."""
         if self.prompt_limit is None or self.overlong_prompts == "truncate":
             return batch
-        kept = []
+        kept, skipped = [], []
         for task, samples in batch:
             length = len(self.render(task))
             if length > self.prompt_limit:
-                log.warning("Task %s skipped: prompt of %d tokens > %d that fit the engine", task.uid, length, self.prompt_limit)
-                reason = f"prompt longer than {self.prompt_limit} tokens"
-                self.ledger.dropped[reason] = self.ledger.dropped.get(reason, 0) + 1
-                self.ledger.submitted += 1  # counted as taken from the curriculum, so the ledger balances
+                skipped.append(f"{task.uid} ({length} tokens)")
                 continue
             kept.append((task, samples))
+        if skipped:
+            reason = f"prompt longer than {self.prompt_limit} tokens"
+            self.ledger.dropped[reason] = self.ledger.dropped.get(reason, 0) + len(skipped)
+            self.ledger.submitted += len(skipped)  # counted as taken from the curriculum, so the ledger balances
+            shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+            log.warning("%d of %d task(s) skipped, prompt longer than the %d tokens that fit the engine: %s",
+                        len(skipped), len(batch), self.prompt_limit, shown)
         return kept
 
     def _prompt(self, task: Task) -> tuple[int, ...]:
@@ -152,7 +178,10 @@ class RolloutScheduler:
         tasks = [task for task, _ in batch]
         samples = [n for _, n in batch]
         prompts = [self._prompt(task) for task in tasks]
-        pending = self.engine.submit(prompts, samples, self._sampling_for(index))
+        log.info("Generating batch %d: %d prompts, %d samples, up to %d new tokens each",
+                 index, len(prompts), sum(samples), self.sampling.max_tokens)
+        with self.guard():
+            pending = self.engine.submit(prompts, samples, self._sampling_for(index))
         self._queue.append(_InFlight(index, tasks, samples, prompts, pending))
         self.ledger.submitted += len(tasks)
         self.ledger.in_flight += len(tasks)
@@ -198,12 +227,15 @@ class RolloutScheduler:
 
     def take(self, trainer_version: int) -> TakenBatch:
         """The oldest batch in flight (blocks until it is generated). Call `fill` first."""
+        if self.interrupted is not None:
+            raise GenerationInterrupted(self.interrupted)
         if not self._queue:
             raise RuntimeError("take() with nothing in flight: call fill() first")
         depth = len(self._queue)
         entry = self._queue[0]
         waited = time.perf_counter()
-        generated = entry.pending.result()  # EngineLost leaves it queued, for requeue_lost()
+        with self.guard():
+            generated = entry.pending.result()  # EngineLost and GenerationInterrupted leave it queued
         wait_s = time.perf_counter() - waited
         self._queue.popleft()
         self.generation_intervals.append((generated.started_s, generated.finished_s))

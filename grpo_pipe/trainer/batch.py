@@ -19,6 +19,7 @@ class TrainSample:
     sampling_logprobs: tuple[float, ...]  # [T]
     advantage: float
     policy_version: int
+    truncated: bool = False  # hit the generation budget without EOS (finish_reason "length")
 
 
 def flatten(groups: Sequence[RolloutGroup], advantages: Sequence[float]) -> list[TrainSample]:
@@ -34,6 +35,7 @@ def flatten(groups: Sequence[RolloutGroup], advantages: Sequence[float]) -> list
                     sampling_logprobs=completion.logprobs,
                     advantage=float(advantages[index]),
                     policy_version=completion.policy_version,
+                    truncated=completion.finish_reason == "length",
                 )
             )
             index += 1
@@ -82,7 +84,7 @@ def completion_logprobs(logits: torch.Tensor, batch: MicroBatch, temperature: fl
     Position p's logits predict token p+1, so completion token j (at input index start+j) is read
     from logits at start+j-1. Only those rows are log-softmaxed, which keeps memory at [B, T, V].
     """
-    batch_size, width = batch.completion_mask.shape
+    _, width = batch.completion_mask.shape
     offsets = torch.arange(width, device=logits.device)  # [T]
     positions = (batch.completion_start.unsqueeze(1) - 1 + offsets).clamp(max=logits.shape[1] - 1)  # [B, T]
     picked = logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [B, T, V]

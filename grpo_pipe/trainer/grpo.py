@@ -1,26 +1,38 @@
-"""The GRPO optimisation step: advantages, micro-batched clipped-surrogate loss, one AdamW update.
+"""The GRPO optimisation step: advantages, micro-batched loss, `updates_per_batch` optimizer updates.
 
-Completions whose advantage is exactly zero (groups where every sample got the same reward) add
-nothing to the policy gradient, so with the KL term off they are counted in the normaliser but
-never run through the model: on CPU this often halves the step time.
+The loss (`loss=grpo|dr_grpo|dapo`), the optimizer (`optimizer=adamw`) and the LR schedule are
+components built from the config and handed in; this module only runs them. Completions whose
+advantage is exactly zero (groups where every sample got the same reward) add nothing to the policy
+gradient, so with the KL term off they are counted in the normaliser but never run through the
+model: on CPU this often halves the step time.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import torch
 
-from grpo_pipe.trainer.batch import TrainSample, collate, completion_logprobs, flatten
-from grpo_pipe.trainer.loss import Aggregation, group_advantages, policy_loss
+from grpo_pipe.checkpointing import restore_rng, rng_state
+from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_logprobs, flatten
+from grpo_pipe.trainer.loss import GRPOLoss
+from grpo_pipe.trainer.schedule import warmup_schedule
 from grpo_pipe.types import RolloutGroup
 
 log = logging.getLogger(__name__)
+
+# `_partial_` components: the optimizer gets the trainable parameters and the trainer's lr; the
+# schedule gets the optimizer and the number of updates in the run.
+OptimizerFactory = Callable[..., torch.optim.Optimizer]
+ScheduleFactory = Callable[[torch.optim.Optimizer, int], Any]
 
 
 class TrainablePolicy(Protocol):
@@ -29,6 +41,13 @@ class TrainablePolicy(Protocol):
     def load(self, model_path: Path, device: torch.device, dtype: torch.dtype) -> None: ...
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]: ...
+
+    def keep_reference(self) -> None:
+        """Keep what `reference_logits` needs (the frozen starting weights); called once after load."""
+
+    def reference_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B, L] -> [B, L, V] logits of the frozen starting policy, without gradients."""
+        ...
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -39,62 +58,54 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 class GRPOTrainer:
-    """Owns the policy, its optimizer and LR schedule; one `step` = one optimizer update."""
+    """Owns the policy, its optimizer and LR schedule; one `step` = `updates_per_batch` optimizer updates
+    on one batch of rollouts (GRPO's mu), which bumps the policy version once."""
 
     def __init__(
         self,
         policy: TrainablePolicy,
+        loss: GRPOLoss | None = None,
+        optimizer: OptimizerFactory | None = None,
+        lr_schedule: ScheduleFactory | None = None,
         steps: int = 40,
         lr: float = 1e-5,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.99),
-        lr_schedule: Literal["constant", "constant_with_warmup", "linear", "cosine"] = "constant_with_warmup",
-        warmup_steps: int = 0,
         grad_clip: float = 1.0,
         micro_batch_size: int = 8,
-        aggregation: Aggregation = "grpo",
-        normalize_std: bool = True,
-        clip_low: float = 0.2,
-        clip_high: float = 0.28,
-        kl_coef: float = 0.0,
+        updates_per_batch: int = 1,
         dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
         max_bad_steps: int = 3,
         max_staleness: int = 0,
         stale_policy: Literal["pace", "drop"] = "pace",
-        is_cap: float | None = None,
         skip_zero_advantage: bool = True,
     ) -> None:
-        if steps < 1:
-            raise ValueError(f"trainer.steps={steps}: must be >= 1")
-        if micro_batch_size < 1:
-            raise ValueError(f"trainer.micro_batch_size={micro_batch_size}: must be >= 1")
-        if max_staleness < 0:
-            raise ValueError(f"trainer.max_staleness={max_staleness}: must be >= 0 (0 = on-policy, the synchronous loop)")
-        if is_cap is not None and is_cap <= 0:
-            raise ValueError(f"trainer.is_cap={is_cap}: must be > 0, or null for ratio clipping against the sampler")
-        if kl_coef > 0:
-            raise ValueError("trainer.kl_coef > 0 needs a reference model, which is not wired in yet; use 0.0")
+        checks = [
+            (steps >= 1, f"trainer.steps={steps}: must be >= 1"),
+            (lr > 0, f"trainer.lr={lr}: must be > 0"),
+            (grad_clip > 0, f"trainer.grad_clip={grad_clip}: must be > 0"),
+            (micro_batch_size >= 1, f"trainer.micro_batch_size={micro_batch_size}: must be >= 1"),
+            (updates_per_batch >= 1, f"trainer.updates_per_batch={updates_per_batch}: must be >= 1 (GRPO's mu)"),
+            (max_bad_steps >= 1, f"trainer.max_bad_steps={max_bad_steps}: must be >= 1"),
+            (max_staleness >= 0, f"trainer.max_staleness={max_staleness}: must be >= 0 (0 = on-policy, the synchronous loop)"),
+        ]
+        problems = [message for ok, message in checks if not ok]
+        if problems:
+            raise ConfigError(problems)
         self.policy = policy
+        self.loss = loss or GRPOLoss()
+        self.optimizer_factory = optimizer or functools.partial(torch.optim.AdamW, betas=(0.9, 0.99), weight_decay=0.0)
+        self.schedule_factory = lr_schedule or functools.partial(warmup_schedule, name="constant")
         self.steps = steps
         self.lr = lr
-        self.weight_decay = weight_decay
-        self.betas = tuple(betas)
-        self.lr_schedule = lr_schedule
-        self.warmup_steps = warmup_steps
         self.grad_clip = grad_clip
         self.micro_batch_size = micro_batch_size
-        self.aggregation = aggregation
-        self.normalize_std = normalize_std
-        self.clip_low = clip_low
-        self.clip_high = clip_high
-        self.kl_coef = kl_coef
+        self.updates_per_batch = updates_per_batch
         self.dtype_name = dtype
         self.max_bad_steps = max_bad_steps
-        self.max_staleness = max_staleness  # policy versions a sample's weights may lag the trainer's
-        self.stale_policy = stale_policy  # pace: never generate too far ahead; drop: discard what got too old
-        self.is_cap = is_cap
+        # Read by the runner's rollout scheduler: how far generation may run ahead of training.
+        self.max_staleness = max_staleness
+        self.stale_policy = stale_policy
         self.skip_zero_advantage = skip_zero_advantage
-        self.version = 0  # bumped by every applied optimizer update
+        self.version = 0  # bumped by every step that applied at least one optimizer update
         self.bad_steps_in_a_row = 0
         self.skipped_updates = 0  # non-finite updates skipped over the whole run
         self.device = torch.device("cpu")
@@ -103,17 +114,13 @@ class GRPOTrainer:
         self.pad_id = 0
 
     def setup(self, model_path: Path, device: torch.device, pad_id: int) -> None:
-        from transformers import get_scheduler
-
         self.device = device
         self.pad_id = pad_id
         self.policy.load(model_path, device, resolve_dtype(self.dtype_name, device))
-        self.optimizer = torch.optim.AdamW(
-            self.policy.trainable_parameters(), lr=self.lr, betas=self.betas, weight_decay=self.weight_decay
-        )
-        self.scheduler = get_scheduler(
-            self.lr_schedule, self.optimizer, num_warmup_steps=self.warmup_steps, num_training_steps=self.steps
-        )
+        if self.loss.needs_reference:
+            self.policy.keep_reference()
+        self.optimizer = self.optimizer_factory(self.policy.trainable_parameters(), lr=self.lr)
+        self.scheduler = self.schedule_factory(self.optimizer, self.steps * self.updates_per_batch)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything an exact resume needs: trainable weights, optimizer, LR schedule, counters, RNG."""
@@ -127,7 +134,7 @@ class GRPOTrainer:
             "version": self.version,
             "bad_steps_in_a_row": self.bad_steps_in_a_row,
             "skipped_updates": self.skipped_updates,
-            "torch_rng": torch.get_rng_state(),
+            "rng": rng_state(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -145,17 +152,27 @@ class GRPOTrainer:
         self.version = int(state["version"])
         self.bad_steps_in_a_row = int(state["bad_steps_in_a_row"])
         self.skipped_updates = int(state["skipped_updates"])
-        torch.set_rng_state(state["torch_rng"])
+        restore_rng(state["rng"])
 
     def step(self, groups: Sequence[RolloutGroup], rewards: Sequence[float], temperature: float) -> dict[str, float]:
-        """One optimizer update on these groups. Returns `train/...` metrics."""
+        """`updates_per_batch` optimizer updates on these groups; the version moves by one. Returns `train/...` metrics."""
         started = time.perf_counter()
-        metrics = self.accumulate_gradients(groups, rewards, temperature)
-        applied, grad_norm = self._apply_update()
+        plan = self.plan(groups, rewards)
+        reference: list[torch.Tensor | None] = []  # per micro-batch, computed once: the reference is frozen
+        passes, applied_any, grad_norms = [], False, []
+        for _ in range(self.updates_per_batch):
+            passes.append(self._accumulate(plan, temperature, reference))
+            applied, grad_norm = self._apply_update()
+            applied_any |= applied
+            grad_norms.append(grad_norm)
+        if applied_any:
+            self.version += 1
         return {
-            **metrics,
-            "train/grad_norm": grad_norm,
-            "train/update_applied": float(applied),
+            **plan.metrics(),
+            **passes[0],  # the loss as the batch found the policy
+            "train/clip_fraction": sum(p["train/clip_fraction"] for p in passes) / len(passes),
+            "train/grad_norm": grad_norms[0],
+            "train/update_applied": float(applied_any),
             "train/skipped_updates_total": float(self.skipped_updates),
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/step_s": time.perf_counter() - started,
@@ -164,61 +181,64 @@ class GRPOTrainer:
     def accumulate_gradients(
         self, groups: Sequence[RolloutGroup], rewards: Sequence[float], temperature: float
     ) -> dict[str, float]:
-        """Fill `.grad` with the full batch's loss gradient, micro-batch by micro-batch."""
-        if self.optimizer is None:
-            raise RuntimeError("trainer used before setup()")
+        """Fill `.grad` with the full batch's loss gradient, micro-batch by micro-batch (one pass, no update)."""
+        plan = self.plan(groups, rewards)
+        return {**plan.metrics(), **self._accumulate(plan, temperature, [])}
+
+    def plan(self, groups: Sequence[RolloutGroup], rewards: Sequence[float]) -> BatchPlan:
+        """Advantages, which completions get a loss, which of those need a forward pass, the normaliser."""
         reward_t = torch.tensor(rewards, dtype=torch.float32)  # [N]
         group_ids = torch.repeat_interleave(
             torch.arange(len(groups)), torch.tensor([len(g.completions) for g in groups])
         )  # [N]
-        advantages = group_advantages(reward_t, group_ids, self.normalize_std)  # [N]
+        advantages = self.loss.advantages(reward_t, group_ids)  # [N]
         samples = flatten(groups, advantages.tolist())
-        active = [s for s in samples if s.advantage != 0.0 or self.kl_coef > 0 or not self.skip_zero_advantage]
-        max_tokens = max((len(s.completion_ids) for s in samples), default=1)
-        stats = self._accumulate(active, total=len(samples), max_tokens=max_tokens, temperature=temperature)
-        return {
-            **stats,
-            "train/active_samples": float(len(active)),
-            "train/samples": float(len(samples)),
-            "train/advantage_abs_mean": float(advantages.abs().mean()),
-        }
-
-    def _accumulate(
-        self, active: list[TrainSample], total: int, max_tokens: int, temperature: float
-    ) -> dict[str, float]:
-        module = self.policy.module
-        assert module is not None and self.optimizer is not None
-        self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, clipped, tokens, ratio_max = 0.0, 0.0, 0.0, 0.0
+        counted = [s for s in samples if not (self.loss.mask_truncated and s.truncated)]
+        # A zero advantage adds exactly nothing to the surrogate, so its forward/backward is skipped; it
+        # still counts in the normaliser. The KL term is not zero for it, so then everything runs.
+        skip = self.skip_zero_advantage and not self.loss.needs_reference
+        active = [s for s in counted if s.advantage != 0.0 or not skip]
+        normaliser = self.loss.normaliser([len(s.completion_ids) for s in counted])
         # Similar lengths share a micro-batch, so padding stays small.
         ordered = sorted(active, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
-        for start in range(0, len(ordered), self.micro_batch_size):
-            batch = collate(ordered[start : start + self.micro_batch_size], self.pad_id, self.device)
+        return BatchPlan(ordered, normaliser, len(samples), len(samples) - len(counted), advantages)
+
+    def _accumulate(self, plan: BatchPlan, temperature: float, reference: list[torch.Tensor | None]) -> dict[str, float]:
+        """One pass over the plan's micro-batches. `reference` caches the reference log-probs per micro-batch."""
+        module = self.policy.module
+        assert module is not None and self.optimizer is not None, "trainer used before setup()"
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, clipped, tokens, ratio_max, kl_sum = 0.0, 0.0, 0.0, 0.0, 0.0
+        for index, start in enumerate(range(0, len(plan.active), self.micro_batch_size)):
+            batch = collate(plan.active[start : start + self.micro_batch_size], self.pad_id, self.device)
+            if index == len(reference):
+                reference.append(self._reference_logprobs(batch, temperature))
             logits = module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, L, V]
             new_logprobs = completion_logprobs(logits, batch, temperature)  # [B, T]
-            loss, stats = policy_loss(
-                new_logprobs,
-                batch.sampling_logprobs,
-                batch.advantages,
-                batch.completion_mask,
-                aggregation=self.aggregation,
-                clip_low=self.clip_low,
-                clip_high=self.clip_high,
-                total_sequences=total,
-                max_tokens=max_tokens,
-                is_cap=self.is_cap,
+            loss, stats = self.loss(
+                new_logprobs, batch.sampling_logprobs, batch.advantages, batch.completion_mask,
+                plan.normaliser, ref_logprobs=reference[index],
             )
             loss.backward()
             loss_sum += float(loss.detach())
             clipped += stats.clipped_tokens
             tokens += stats.tokens
+            kl_sum += stats.kl_sum
             ratio_max = max(ratio_max, stats.ratio_max)
         return {
             "train/loss": loss_sum,
             "train/clip_fraction": clipped / tokens if tokens else 0.0,
             "train/ratio_max": ratio_max,
             "train/tokens": tokens,
+            "train/kl": kl_sum / tokens if tokens else 0.0,
         }
+
+    def _reference_logprobs(self, batch: MicroBatch, temperature: float) -> torch.Tensor | None:
+        if not self.loss.needs_reference:
+            return None
+        with torch.no_grad():
+            logits = self.policy.reference_logits(batch.input_ids, batch.attention_mask)  # [B, L, V]
+            return completion_logprobs(logits, batch, temperature)  # [B, T]
 
     def _apply_update(self) -> tuple[bool, float]:
         """Clip and apply; a non-finite gradient skips the update instead of poisoning the weights."""
@@ -240,5 +260,23 @@ class GRPOTrainer:
         self.optimizer.step()  # a no-op for parameters without gradients
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        self.version += 1
         return True, grad_norm
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """One batch as the loss sees it."""
+
+    active: list[TrainSample]  # completions run through the model, length-sorted
+    normaliser: float  # the whole batch's loss normaliser (see GRPOLoss.normaliser)
+    samples: int  # completions in the batch
+    masked: int  # completions given no loss (mask_truncated)
+    advantages: torch.Tensor  # [samples]
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "train/active_samples": float(len(self.active)),
+            "train/samples": float(self.samples),
+            "train/masked_truncated": float(self.masked),
+            "train/advantage_abs_mean": float(self.advantages.abs().mean()),
+        }

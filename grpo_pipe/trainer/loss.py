@@ -1,47 +1,65 @@
-"""GRPO and Dr.GRPO policy-gradient losses as pure functions.
+"""The GRPO loss family as one small component: advantages, the clipped surrogate, aggregation.
+
+`conf/loss/{grpo,dr_grpo,dapo}.yaml` are presets of this one class; what differs between the papers
+is a handful of scalars, not the algorithm.
 
 How this departs from the GRPO paper (Shao et al., 2024):
 1. The importance ratio is taken against the *sampling* log-probabilities reported by the inference
    engine, not against a recomputed "old policy" forward pass: this corrects for both off-policy
    lag (async, sync every k steps) and engine/trainer numeric mismatch, and saves one forward pass.
-2. The KL penalty to a reference model is optional and off by default (as in DAPO / Dr.GRPO).
-3. `dr_grpo` aggregation (Liu et al., 2025) divides by a constant (sequences x max tokens) instead of
-   each sequence's own length, removing the length bias; it is usually paired with
-   `normalize_std=False`.
-4. Losses are returned pre-scaled by the *whole* batch's normaliser so that micro-batch losses can
-   simply be summed by gradient accumulation and give exactly the full-batch gradient.
-5. With `is_cap` set, stale samples (async rollouts) are corrected by truncated importance sampling
+   With several optimizer passes over one batch (`trainer.updates_per_batch`, GRPO's mu) the ratio
+   stays against the sampler, so the clip bounds how far all passes together move each token.
+2. The KL penalty to a frozen reference model (k3 estimator, Schulman 2020) is optional and off by
+   default (as in DAPO / Dr.GRPO).
+3. Aggregation: `sequence_mean` (GRPO: each completion's tokens averaged over its own length, then
+   over completions), `constant` (Dr.GRPO, Liu et al. 2025: summed tokens / (completions x a
+   constant budget), no length bias, a loss scale that does not change from step to step) or
+   `token_mean` (DAPO, Yu et al. 2025: summed tokens / all tokens of the batch).
+4. The group std is the *sample* std (N - 1), as `torch.std`, TRL and the GRPO reference code, so
+   advantages compare with theirs. A group whose rewards are all equal gets advantage exactly 0 in
+   any dtype: it is detected, never left to float cancellation.
+5. Losses are returned pre-divided by the *whole* batch's normaliser, so micro-batch losses summed by
+   gradient accumulation give exactly the full-batch gradient.
+6. `mask_truncated` (DAPO's overlong filtering): completions that hit the budget without EOS still
+   count in their group's advantages, but get no loss and are left out of every normaliser.
+7. With `is_cap` set, stale samples (async rollouts) are corrected by truncated importance sampling
    instead: the clipped surrogate is taken against the trainer's own current weights (the proximal
-   policy, as in decoupled PPO: with one update per batch its ratio is 1 with the gradient of
-   log pi), and each token is weighted by min(pi_trainer / pi_sampler, is_cap), detached. Clipping
-   against the sampler would zero the gradient of every token the policy has since moved away from;
-   truncation keeps the gradient and bounds the variance.
+   policy, as in decoupled PPO: its ratio is 1 with the gradient of log pi), and each token is
+   weighted by min(pi_trainer / pi_sampler, is_cap), detached. Clipping against the sampler would
+   zero the gradient of every token the policy has since moved away from; truncation keeps it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
-Aggregation = Literal["grpo", "dr_grpo"]
+from grpo_pipe.config.errors import ConfigError
+
+Aggregation = Literal["sequence_mean", "constant", "token_mean"]
 
 
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, normalize_std: bool) -> torch.Tensor:
-    """Reward minus its group's mean, optionally divided by the group's std.
+    """Reward minus its group's mean, optionally divided by the group's sample std.
 
     rewards: [N] float; group_ids: [N] long, equal ids share a prompt. Returns [N].
-    A group whose rewards are all equal gets zero advantage (it carries no signal).
+    A group whose rewards are all equal gets exactly zero advantage (it carries no signal).
     """
     n_groups = int(group_ids.max().item()) + 1
-    counts = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, group_ids, torch.ones_like(rewards))  # [G]
-    means = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, group_ids, rewards) / counts  # [G]
-    centred = rewards - means[group_ids]  # [N]
+    dtype = rewards.dtype
+    counts = torch.zeros(n_groups, dtype=dtype).index_add_(0, group_ids, torch.ones_like(rewards))  # [G]
+    means = torch.zeros(n_groups, dtype=dtype).index_add_(0, group_ids, rewards) / counts  # [G]
+    highest = torch.full((n_groups,), -torch.inf, dtype=dtype).scatter_reduce(0, group_ids, rewards, "amax")  # [G]
+    lowest = torch.full((n_groups,), torch.inf, dtype=dtype).scatter_reduce(0, group_ids, rewards, "amin")  # [G]
+    flat = (highest == lowest)[group_ids]  # [N] no spread: the mean may round away from the value itself
+    centred = torch.where(flat, torch.zeros_like(rewards), rewards - means[group_ids])  # [N]
     if not normalize_std:
         return centred
-    sq = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, group_ids, centred**2)  # [G]
-    std = torch.sqrt(sq / (counts - 1).clamp(min=1))  # [G] unbiased, as torch.std
+    sq = torch.zeros(n_groups, dtype=dtype).index_add_(0, group_ids, centred**2)  # [G]
+    std = torch.sqrt(sq / (counts - 1).clamp(min=1))  # [G] sample std (N - 1), as torch.std
     return centred / (std[group_ids] + 1e-4)
 
 
@@ -55,51 +73,97 @@ class LossStats:
     ratio_max: float
 
 
-def policy_loss(
-    new_logprobs: torch.Tensor,  # [B, T] log pi_theta(token) for completion tokens
-    old_logprobs: torch.Tensor,  # [B, T] log-prob under the policy that sampled the token
-    advantages: torch.Tensor,  # [B]
-    mask: torch.Tensor,  # [B, T] 1 for completion tokens, 0 for padding
-    *,
-    aggregation: Aggregation,
-    clip_low: float,
-    clip_high: float,
-    total_sequences: int,  # sequences in the whole optimizer step (all micro-batches)
-    max_tokens: int,  # dr_grpo's constant per-sequence normaliser
-    ref_logprobs: torch.Tensor | None = None,  # [B, T] when a KL penalty is used
-    kl_coef: float = 0.0,
-    is_cap: float | None = None,  # truncated importance sampling against the sampler (see 5. above)
-) -> tuple[torch.Tensor, LossStats]:
-    """Clipped-surrogate loss for one micro-batch, scaled for summing over micro-batches."""
-    mask = mask.to(new_logprobs.dtype)
-    if is_cap is None:
-        ratio = torch.exp(new_logprobs - old_logprobs)  # [B, T] against the sampler
-        weight = torch.ones_like(ratio)  # [B, T]
-    else:
-        ratio = torch.exp(new_logprobs - new_logprobs.detach())  # [B, T] against the proximal policy: 1
-        weight = torch.exp(new_logprobs.detach() - old_logprobs).clamp(max=is_cap)  # [B, T] truncated IS
-    adv = advantages.unsqueeze(1)  # [B, 1]
-    unclipped = ratio * adv  # [B, T]
-    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high) * adv  # [B, T]
-    per_token = -weight * torch.minimum(unclipped, clipped)  # [B, T] pessimistic bound, as PPO
-    kl = torch.zeros_like(per_token)
-    if ref_logprobs is not None and kl_coef > 0:
-        log_ratio_ref = ref_logprobs - new_logprobs  # [B, T]
-        kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1.0  # [B, T] k3 estimator, >= 0
-        per_token = per_token + kl_coef * kl
-    if aggregation == "grpo":
-        lengths = mask.sum(dim=1).clamp(min=1.0)  # [B]
-        loss = ((per_token * mask).sum(dim=1) / lengths).sum() / total_sequences
-    elif aggregation == "dr_grpo":
-        loss = (per_token * mask).sum() / (total_sequences * max_tokens)
-    else:  # validated at config time; kept so a bad call cannot silently pick one
-        raise ValueError(f"aggregation={aggregation!r}; allowed: 'grpo', 'dr_grpo'")
-    with torch.no_grad():
-        was_clipped = ((unclipped - clipped).abs() > 0) & (mask > 0)
-        stats = LossStats(
-            clipped_tokens=float(was_clipped.sum()),
-            tokens=float(mask.sum()),
-            kl_sum=float((kl * mask).sum()),
-            ratio_max=float((torch.exp(new_logprobs.detach() - old_logprobs) * mask).max()) if mask.any() else 1.0,
-        )
-    return loss, stats
+class GRPOLoss:
+    """The clipped-surrogate policy loss with GRPO / Dr.GRPO / DAPO aggregation (see the module docstring)."""
+
+    def __init__(
+        self,
+        aggregation: Aggregation = "sequence_mean",
+        normalize_std: bool = True,
+        clip_low: float = 0.2,
+        clip_high: float = 0.28,
+        kl_coef: float = 0.0,
+        max_tokens: int | None = None,
+        mask_truncated: bool = False,
+        is_cap: float | None = None,
+    ) -> None:
+        problems = []
+        if clip_low < 0 or clip_high < 0:
+            problems.append(f"loss.clip_low={clip_low}, loss.clip_high={clip_high}: must be >= 0")
+        if kl_coef < 0:
+            problems.append(f"loss.kl_coef={kl_coef}: must be >= 0")
+        if aggregation == "constant" and (max_tokens is None or max_tokens < 1):
+            problems.append(f"loss.max_tokens={max_tokens}: aggregation=constant needs a budget >= 1 (e.g. run.max_new_tokens)")
+        if is_cap is not None and is_cap <= 0:
+            problems.append(f"loss.is_cap={is_cap}: must be > 0, or null for ratio clipping against the sampler")
+        if problems:
+            raise ConfigError(problems)
+        self.aggregation = aggregation
+        self.normalize_std = normalize_std
+        self.clip_low = clip_low
+        self.clip_high = clip_high
+        self.kl_coef = kl_coef
+        self.max_tokens = max_tokens  # Dr.GRPO's constant per-completion normaliser (the generation budget)
+        self.mask_truncated = mask_truncated
+        self.is_cap = is_cap
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef > 0
+
+    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """[N] rewards, [N] group ids -> [N] advantages."""
+        return group_advantages(rewards, group_ids, self.normalize_std)
+
+    def normaliser(self, lengths: Sequence[int]) -> float:
+        """What the whole batch's summed loss is divided by. `lengths`: completion lengths of every
+        completion that gets a loss (skipped zero-advantage ones included: they add zero, not nothing)."""
+        if self.aggregation == "sequence_mean":
+            return float(max(len(lengths), 1))
+        if self.aggregation == "constant":
+            assert self.max_tokens is not None
+            return float(max(len(lengths), 1) * self.max_tokens)
+        return float(max(sum(lengths), 1))  # token_mean
+
+    def __call__(
+        self,
+        new_logprobs: torch.Tensor,  # [B, T] log pi_theta(token) for completion tokens
+        old_logprobs: torch.Tensor,  # [B, T] log-prob under the policy that sampled the token
+        advantages: torch.Tensor,  # [B]
+        mask: torch.Tensor,  # [B, T] 1 for completion tokens that get a loss, 0 for padding / masked
+        normaliser: float,  # from `normaliser()` over the whole optimizer step
+        ref_logprobs: torch.Tensor | None = None,  # [B, T] under the frozen reference, when kl_coef > 0
+    ) -> tuple[torch.Tensor, LossStats]:
+        """Loss for one micro-batch, scaled for summing over the micro-batches of one step."""
+        mask = mask.to(new_logprobs.dtype)
+        if self.is_cap is None:
+            ratio = torch.exp(new_logprobs - old_logprobs)  # [B, T] against the sampler
+            weight = torch.ones_like(ratio)  # [B, T]
+        else:
+            ratio = torch.exp(new_logprobs - new_logprobs.detach())  # [B, T] against the proximal policy: 1
+            weight = torch.exp(new_logprobs.detach() - old_logprobs).clamp(max=self.is_cap)  # [B, T] truncated IS
+        adv = advantages.unsqueeze(1)  # [B, 1]
+        unclipped = ratio * adv  # [B, T]
+        clipped = ratio.clamp(1.0 - self.clip_low, 1.0 + self.clip_high) * adv  # [B, T]
+        per_token = -weight * torch.minimum(unclipped, clipped)  # [B, T] pessimistic bound, as PPO
+        kl = torch.zeros_like(per_token)  # [B, T]
+        if self.kl_coef > 0:
+            if ref_logprobs is None:
+                raise ValueError("loss.kl_coef > 0 but no reference log-probs were given")
+            log_ratio_ref = ref_logprobs - new_logprobs  # [B, T]
+            kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1.0  # [B, T] k3 estimator, >= 0
+            per_token = per_token + self.kl_coef * kl
+        summed = per_token * mask  # [B, T]
+        if self.aggregation == "sequence_mean":
+            loss = (summed.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).sum() / normaliser
+        else:  # constant and token_mean differ only in the normaliser
+            loss = summed.sum() / normaliser
+        with torch.no_grad():
+            was_clipped = ((unclipped - clipped).abs() > 0) & (mask > 0)
+            stats = LossStats(
+                clipped_tokens=float(was_clipped.sum()),
+                tokens=float(mask.sum()),
+                kl_sum=float((kl * mask).sum()),
+                ratio_max=float((torch.exp(new_logprobs.detach() - old_logprobs) * mask).max()) if mask.any() else 1.0,
+            )
+        return loss, stats

@@ -43,14 +43,16 @@ def test_nccl_over_gloo_into_two_actor_engines_equals_a_fresh_engine(compose_cfg
 
 def test_async_split_run_stays_within_the_bound_and_trains_every_group(compose_cfg, tmp_path) -> None:
     cfg = compose_cfg(["placement=split", "weight_bridge=nccl", "trainer.steps=4", "trainer.max_staleness=1",
-                       "trainer.is_cap=2.0"])
+                       "loss.is_cap=2.0"])
     result = run(cfg, JobContext(output_dir=tmp_path, run_name="split"))
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
-    staleness = _history(client, result.run_id, "async/staleness_max")
-    assert max(staleness) == 1.0  # it did run ahead ...
-    assert all(s <= 1.0 for s in staleness)  # ... and never beyond the bound
-    # The engine served what the bridge pushed: versions rise, one behind the trainer at most two.
-    assert _history(client, result.run_id, "rollout/policy_version_min") == [0.0, 0.0, 1.0, 2.0]
+    # Invariants only: which version a batch's first token meets depends on when the engine actor
+    # picks the request up relative to the next push (timing), so no exact version sequence is asserted.
+    assert _history(client, result.run_id, "async/queue_depth")[0] == 2.0  # it did run ahead (the pace rule) ...
+    assert all(s <= 1.0 for s in _history(client, result.run_id, "async/staleness_max"))  # ... never beyond the bound
+    low = _history(client, result.run_id, "rollout/policy_version_min")
+    assert all(max(step - 2, 0) <= v <= step - 1 for step, v in enumerate(low, start=1)), low
+    assert low == sorted(low)  # the engine served what the bridge pushed, in order
     assert _history(client, result.run_id, "sync/policy_version") == [1.0, 2.0, 3.0, 4.0]
     ledger = result.ledger
     assert ledger.balanced() and ledger.submitted == ledger.trained == 4 * 4 and not ledger.dropped

@@ -7,7 +7,8 @@ import torch
 
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.trainer.grpo import GRPOTrainer
-from grpo_pipe.trainer.policy import FullFinetunePolicy
+from grpo_pipe.trainer.loss import GRPOLoss
+from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy
 from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, Task
 
 TELEMETRY = RequestTelemetry(prompt_tokens=4, generated_tokens=3, cached_prompt_tokens=0)
@@ -33,7 +34,7 @@ def _groups() -> tuple[list[RolloutGroup], list[float]]:
 
 def _trainer(micro_batch_size: int, path) -> GRPOTrainer:
     torch.manual_seed(0)
-    trainer = GRPOTrainer(FullFinetunePolicy(), steps=2, lr=1e-3, micro_batch_size=micro_batch_size, warmup_steps=0)
+    trainer = GRPOTrainer(FullFinetunePolicy(), steps=2, lr=1e-3, micro_batch_size=micro_batch_size)
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     return trainer
 
@@ -80,3 +81,75 @@ def test_non_finite_gradient_skips_the_update_and_stops_after_the_limit() -> Non
         assert torch.equal(value, before[key]), key
     with pytest.raises(FloatingPointError, match="max_bad_steps"):
         trainer.step(groups, nan_rewards, temperature=1.0)
+
+
+def _weights(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in trainer.policy.module.state_dict().items()}
+
+
+def test_updates_per_batch_is_mu_updates_against_the_sampler_and_one_version() -> None:
+    """mu=2 on one batch = two single updates on the same batch (both ratios against the sampler's log-probs)."""
+    path = TinyRandomModel().materialize()
+    groups, rewards = _groups()
+    torch.manual_seed(0)
+    twice = GRPOTrainer(FullFinetunePolicy(), steps=2, lr=1e-3, updates_per_batch=2)
+    twice.setup(path, torch.device("cpu"), pad_id=0)
+    metrics = twice.step(groups, rewards, temperature=1.0)
+    assert twice.version == 1 and metrics["train/update_applied"] == 1.0
+    assert twice.optimizer.state_dict()["state"][0]["step"] == 2  # two optimizer updates
+    torch.manual_seed(0)
+    once = GRPOTrainer(FullFinetunePolicy(), steps=4, lr=1e-3)
+    once.setup(path, torch.device("cpu"), pad_id=0)
+    once.step(groups, rewards, temperature=1.0)
+    once.step(groups, rewards, temperature=1.0)
+    assert once.version == 2
+    mu, reference = _weights(twice), _weights(once)
+    for name in mu:
+        torch.testing.assert_close(mu[name], reference[name], rtol=0, atol=0)
+
+
+def _truncated_groups() -> tuple[list[RolloutGroup], list[float]]:
+    groups, rewards = _groups()
+    first = groups[0]
+    cut = first.completions[0].__class__(*[
+        getattr(first.completions[0], f) for f in ("token_ids", "logprobs", "text")
+    ], "length", 0, TELEMETRY)
+    groups[0] = RolloutGroup(first.task, first.prompt_token_ids, (cut, *first.completions[1:]))
+    return groups, rewards
+
+
+def test_mask_truncated_gives_a_budget_hitting_completion_no_loss() -> None:
+    path = TinyRandomModel().materialize()
+    groups, rewards = _truncated_groups()
+    masked = GRPOTrainer(FullFinetunePolicy(), loss=GRPOLoss(aggregation="token_mean", mask_truncated=True))
+    masked.setup(path, torch.device("cpu"), pad_id=0)
+    plan = masked.plan(groups, rewards)
+    assert plan.masked == 1 and len(plan.active) == 7
+    assert all(not s.truncated for s in plan.active)
+    lengths = [len(c.token_ids) for g in groups for c in g.completions]
+    assert plan.normaliser == sum(lengths) - lengths[0]  # the masked completion is in no normaliser
+    kept = GRPOTrainer(FullFinetunePolicy(), loss=GRPOLoss(aggregation="token_mean"))
+    kept.setup(path, torch.device("cpu"), pad_id=0)
+    assert kept.plan(groups, rewards).masked == 0 and len(kept.plan(groups, rewards).active) == 8
+
+
+@pytest.mark.parametrize("policy_cls", [FullFinetunePolicy, LoraPolicy])
+def test_kl_to_the_frozen_starting_policy(policy_cls) -> None:
+    path = TinyRandomModel().materialize()
+    groups, rewards = _groups()
+    torch.manual_seed(0)
+    policy = policy_cls() if policy_cls is FullFinetunePolicy else LoraPolicy(rank=4)
+    trainer = GRPOTrainer(policy, loss=GRPOLoss(kl_coef=0.1), steps=3, lr=1e-2)
+    trainer.setup(path, torch.device("cpu"), pad_id=0)
+    ids = torch.tensor([list(groups[0].prompt_token_ids)])
+    mask = torch.ones_like(ids)
+    start = trainer.policy.reference_logits(ids, mask)
+    first = trainer.step(groups, rewards, temperature=1.0)
+    assert first["train/kl"] == 0.0  # the policy is still the reference
+    assert first["train/active_samples"] == 12.0  # the KL term is not zero for zero-advantage samples
+    second = trainer.step(groups, rewards, temperature=1.0)
+    assert second["train/kl"] > 0.0
+    torch.testing.assert_close(trainer.policy.reference_logits(ids, mask), start, rtol=0, atol=0)  # frozen
+    with torch.no_grad():
+        now = trainer.policy.module(input_ids=ids, attention_mask=mask).logits
+    assert not torch.equal(now, start)

@@ -1,78 +1,193 @@
-"""The loss against numbers worked out by hand."""
+"""The loss family against an independent reference written here in plain Python (floats, loops,
+`statistics`), and against numbers worked out by hand."""
+
+from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 import torch
 
-from grpo_pipe.trainer.loss import group_advantages, policy_loss
+from grpo_pipe.trainer.loss import GRPOLoss, group_advantages
+
+# ---- the reference: one completion at a time, no tensors ------------------------------------------------
 
 
-def test_group_advantages_by_hand() -> None:
+def ref_advantages(rewards: list[float], groups: list[int], normalize_std: bool) -> list[float]:
+    out = []
+    for reward, group in zip(rewards, groups):
+        members = [r for r, g in zip(rewards, groups) if g == group]
+        if len(set(members)) == 1:
+            out.append(0.0)
+            continue
+        centred = reward - statistics.fmean(members)
+        out.append(centred / (statistics.stdev(members) + 1e-4) if normalize_std else centred)
+    return out
+
+
+def ref_loss(new, old, adv, lengths, *, aggregation, clip_low, clip_high, kl_coef=0.0, ref=None, budget=None,
+             truncated=None, mask_truncated=False) -> float:
+    """new/old/ref: [B][T] lists; lengths: [B]. The loss of the whole batch."""
+    per_sequence, counted = [], []
+    for i, length in enumerate(lengths):
+        if mask_truncated and truncated[i]:
+            continue
+        tokens = []
+        for t in range(length):
+            ratio = math.exp(new[i][t] - old[i][t])
+            clipped = min(max(ratio, 1 - clip_low), 1 + clip_high)
+            value = -min(ratio * adv[i], clipped * adv[i])
+            if kl_coef:
+                d = ref[i][t] - new[i][t]
+                value += kl_coef * (math.exp(d) - d - 1)
+            tokens.append(value)
+        per_sequence.append(tokens)
+        counted.append(length)
+    if aggregation == "sequence_mean":
+        return sum(sum(s) / max(len(s), 1) for s in per_sequence) / len(per_sequence)
+    if aggregation == "constant":
+        return sum(sum(s) for s in per_sequence) / (len(per_sequence) * budget)
+    return sum(sum(s) for s in per_sequence) / sum(counted)
+
+
+def _batch(seed: int, batch: int = 5, width: int = 7):
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, width + 1, (batch,), generator=gen).tolist()
+    new = (torch.randn(batch, width, generator=gen, dtype=torch.float64) * 0.3 - 2)
+    old = new + torch.randn(batch, width, generator=gen, dtype=torch.float64) * 0.3
+    ref = new + torch.randn(batch, width, generator=gen, dtype=torch.float64) * 0.2
+    adv = torch.randn(batch, generator=gen, dtype=torch.float64)
+    mask = torch.zeros(batch, width, dtype=torch.float64)
+    for i, n in enumerate(lengths):
+        mask[i, :n] = 1
+    truncated = [bool(i % 2) for i in range(batch)]
+    return new, old, ref, adv, mask, lengths, truncated
+
+
+# ---- advantages -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("normalize_std", [True, False])
+def test_equal_rewards_give_exactly_zero_advantage_in_any_dtype(dtype, normalize_std) -> None:
+    for size in range(2, 17):
+        for value in (0.7, -0.2, 0.1, 1 / 3):
+            rewards = torch.full((size,), value, dtype=dtype)
+            adv = group_advantages(rewards, torch.zeros(size, dtype=torch.long), normalize_std)
+            assert torch.count_nonzero(adv) == 0, (dtype, size, value, adv.tolist())
+
+
+def test_advantages_match_the_reference_with_mixed_groups() -> None:
+    gen = torch.Generator().manual_seed(1)
+    rewards = torch.randn(24, generator=gen, dtype=torch.float64)
+    rewards[16:] = 0.7  # one flat group
+    groups = torch.arange(24) // 8
+    for normalize_std in (True, False):
+        got = group_advantages(rewards, groups, normalize_std).tolist()
+        want = ref_advantages(rewards.tolist(), groups.tolist(), normalize_std)
+        assert got == pytest.approx(want, abs=1e-12)
+        assert got[16:] == [0.0] * 8
+
+
+def test_group_advantages_by_hand_use_the_sample_std() -> None:
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
     groups = torch.tensor([0, 0, 0, 0, 1, 1])
-    centred = group_advantages(rewards, groups, normalize_std=False)
-    assert centred.tolist() == [0.5, -0.5, -0.5, 0.5, 0.0, 0.0]
-    scaled = group_advantages(rewards, groups, normalize_std=True)
-    std = math.sqrt(1 / 3)  # unbiased std of [.5, -.5, -.5, .5]
-    a = 0.5 / (std + 1e-4)
-    assert scaled[:4].tolist() == pytest.approx([a, -a, -a, a])
-    assert scaled[4:].tolist() == [0.0, 0.0]
+    assert group_advantages(rewards, groups, normalize_std=False).tolist() == [0.5, -0.5, -0.5, 0.5, 0.0, 0.0]
+    a = 0.5 / (math.sqrt(1 / 3) + 1e-4)  # sample std of [.5, -.5, -.5, .5] = sqrt(1/3)
+    assert group_advantages(rewards, groups, normalize_std=True)[:4].tolist() == pytest.approx([a, -a, -a, a])
 
 
-def _loss(adv: float, aggregation: str, max_tokens: int = 2) -> float:
-    new = torch.log(torch.tensor([[0.5, 0.25]]))
-    old = torch.log(torch.tensor([[0.5, 0.5]]))  # ratios [1.0, 0.5]
-    loss, stats = policy_loss(
-        new, old, torch.tensor([adv]), torch.ones(1, 2),
-        aggregation=aggregation, clip_low=0.2, clip_high=0.2, total_sequences=1, max_tokens=max_tokens,
-    )
-    return float(loss)
+# ---- the loss family --------------------------------------------------------------------------------------
+
+VARIANTS = {  # the presets of conf/loss/*.yaml
+    "grpo": {"aggregation": "sequence_mean"},
+    "dr_grpo": {"aggregation": "constant", "max_tokens": 16},
+    "dapo": {"aggregation": "token_mean", "mask_truncated": True},
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+@pytest.mark.parametrize("kl_coef", [0.0, 0.05])
+def test_every_variant_matches_the_reference(variant: str, kl_coef: float) -> None:
+    settings = VARIANTS[variant]
+    loss_fn = GRPOLoss(clip_low=0.2, clip_high=0.28, kl_coef=kl_coef, **settings)
+    for seed in range(3):
+        new, old, ref, adv, mask, lengths, truncated = _batch(seed)
+        if loss_fn.mask_truncated:
+            mask = mask * torch.tensor([[0.0] if t else [1.0] for t in truncated], dtype=mask.dtype)
+        counted = [n for n, t in zip(lengths, truncated) if not (loss_fn.mask_truncated and t)]
+        got, _ = loss_fn(new, old, adv, mask, loss_fn.normaliser(counted), ref_logprobs=ref if kl_coef else None)
+        want = ref_loss(new.tolist(), old.tolist(), adv.tolist(), lengths, aggregation=settings["aggregation"],
+                        clip_low=0.2, clip_high=0.28, kl_coef=kl_coef, ref=ref.tolist(), budget=settings.get("max_tokens"),
+                        truncated=truncated, mask_truncated=loss_fn.mask_truncated)
+        assert float(got) == pytest.approx(want, rel=1e-12, abs=1e-12)
+
+
+def test_conf_presets_are_the_variants_tested_here(compose_cfg) -> None:
+    for name, settings in VARIANTS.items():
+        cfg = compose_cfg([f"loss={name}", "run.max_new_tokens=16"])
+        for key, value in settings.items():
+            assert cfg.loss[key] == value, (name, key)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_micro_batch_losses_sum_to_the_full_batch_loss(variant: str) -> None:
+    loss_fn = GRPOLoss(kl_coef=0.1, **VARIANTS[variant])
+    new, old, ref, adv, mask, lengths, _ = _batch(7)
+    norm = loss_fn.normaliser(lengths)
+    full, _ = loss_fn(new, old, adv, mask, norm, ref_logprobs=ref)
+    parts = sum(float(loss_fn(new[i : i + 2], old[i : i + 2], adv[i : i + 2], mask[i : i + 2], norm,
+                              ref_logprobs=ref[i : i + 2])[0]) for i in range(0, len(lengths), 2))
+    assert parts == pytest.approx(float(full), rel=1e-12)
+
+
+def test_dr_grpo_normaliser_is_the_budget_not_the_longest_completion() -> None:
+    loss_fn = GRPOLoss(**VARIANTS["dr_grpo"])
+    assert loss_fn.normaliser([3, 5]) == 2 * 16 and loss_fn.normaliser([1, 2]) == 2 * 16
+    # the same token losses give the same loss whatever else the step's longest completion was
+    one = torch.zeros(1, 2, dtype=torch.float64)
+    short = loss_fn(one, one, torch.ones(1, dtype=torch.float64), torch.ones(1, 2), loss_fn.normaliser([2, 9]))[0]
+    long = loss_fn(one, one, torch.ones(1, dtype=torch.float64), torch.ones(1, 2), loss_fn.normaliser([2, 15]))[0]
+    assert float(short) == float(long) == -2 / 32
+
+
+def test_token_mean_weighs_every_token_alike_and_sequence_mean_every_completion() -> None:
+    new = torch.zeros(2, 3)
+    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    adv = torch.tensor([1.0, -1.0])
+    token = GRPOLoss(aggregation="token_mean")
+    sequence = GRPOLoss(aggregation="sequence_mean")
+    assert float(token(new, new, adv, mask, token.normaliser([1, 3]))[0]) == pytest.approx((-1 + 3) / 4)
+    assert float(sequence(new, new, adv, mask, sequence.normaliser([1, 3]))[0]) == pytest.approx((-1 + 1) / 2)
 
 
 def test_clipped_surrogate_by_hand() -> None:
+    new = torch.log(torch.tensor([[0.5, 0.25]]))
+    old = torch.log(torch.tensor([[0.5, 0.5]]))  # ratios [1.0, 0.5]
+    loss_fn = GRPOLoss(clip_low=0.2, clip_high=0.2)
     # adv=+1: token1 -> -1; token2: min(0.5, clip(0.5)=0.8) = 0.5 -> -0.5; mean = -0.75
-    assert _loss(1.0, "grpo") == pytest.approx(-0.75)
+    assert float(loss_fn(new, old, torch.tensor([1.0]), torch.ones(1, 2), 1.0)[0]) == pytest.approx(-0.75)
     # adv=-1: token2: min(-0.5, -0.8) = -0.8 -> +0.8 (pessimistic: the clip binds); mean = 0.9
-    assert _loss(-1.0, "grpo") == pytest.approx(0.9)
+    assert float(loss_fn(new, old, torch.tensor([-1.0]), torch.ones(1, 2), 1.0)[0]) == pytest.approx(0.9)
 
 
-def test_dr_grpo_divides_by_a_constant() -> None:
-    # sum over tokens (-1.5) / (1 sequence * 4 max tokens)
-    assert _loss(1.0, "dr_grpo", max_tokens=4) == pytest.approx(-0.375)
-
-
-def test_grpo_averages_each_sequence_over_its_own_length() -> None:
-    new = torch.zeros(2, 3)
-    old = torch.zeros(2, 3)
-    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
-    loss, stats = policy_loss(
-        new, old, torch.tensor([1.0, 1.0]), mask,
-        aggregation="grpo", clip_low=0.2, clip_high=0.2, total_sequences=2, max_tokens=3,
-    )
-    assert float(loss) == pytest.approx(-1.0)  # each sequence contributes -1, averaged over 2
-    assert stats.tokens == 4.0 and stats.clipped_tokens == 0.0
-
-
-def test_micro_batch_losses_sum_to_the_full_batch_loss() -> None:
-    torch.manual_seed(0)
-    new, old = torch.randn(4, 5) - 2, torch.randn(4, 5) - 2
-    adv = torch.randn(4)
-    mask = (torch.rand(4, 5) > 0.3).float()
-    kw = dict(aggregation="grpo", clip_low=0.2, clip_high=0.28, total_sequences=4, max_tokens=5)
-    full, _ = policy_loss(new, old, adv, mask, **kw)
-    parts = sum(float(policy_loss(new[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], **kw)[0]) for i in range(4))
-    assert parts == pytest.approx(float(full), abs=1e-6)
+def test_k3_kl_by_hand_is_zero_at_the_reference_and_positive_away_from_it() -> None:
+    loss_fn = GRPOLoss(kl_coef=1.0)
+    new = torch.log(torch.tensor([[0.5]]))
+    zero_adv = torch.zeros(1)
+    at_ref, stats = loss_fn(new, new, zero_adv, torch.ones(1, 1), 1.0, ref_logprobs=new)
+    assert float(at_ref) == 0.0 and stats.kl_sum == 0.0
+    ref = torch.log(torch.tensor([[0.25]]))  # d = log(0.5): k3 = 0.5 - log 0.5 - 1
+    away, _ = loss_fn(new, new, zero_adv, torch.ones(1, 1), 1.0, ref_logprobs=ref)
+    assert float(away) == pytest.approx(0.5 - math.log(0.5) - 1)
 
 
 def _stale_token(is_cap: float | None) -> tuple[float, float]:
     """One token the trainer now gives p=0.5 that the (stale) sampler drew with p=0.25; advantage 1."""
     new = torch.log(torch.tensor([[0.5]])).requires_grad_(True)
     old = torch.log(torch.tensor([[0.25]]))
-    loss, _ = policy_loss(
-        new, old, torch.tensor([1.0]), torch.ones(1, 1),
-        aggregation="grpo", clip_low=0.2, clip_high=0.28, total_sequences=1, max_tokens=1, is_cap=is_cap,
-    )
+    loss, _ = GRPOLoss(clip_low=0.2, clip_high=0.28, is_cap=is_cap)(new, old, torch.tensor([1.0]), torch.ones(1, 1), 1.0)
     loss.backward()
     return float(loss), float(new.grad)
 
@@ -89,3 +204,9 @@ def test_truncated_importance_sampling_keeps_the_gradient_with_a_capped_weight()
     assert grad == pytest.approx(-1.5)  # d/dlogp of -1.5 * exp(logp - logp.detach())
     loss, grad = _stale_token(is_cap=4.0)
     assert (loss, grad) == (pytest.approx(-2.0), pytest.approx(-2.0))  # under the cap: the full weight 2
+
+
+def test_bad_settings_are_all_named() -> None:
+    with pytest.raises(ValueError) as err:
+        GRPOLoss(aggregation="constant", max_tokens=None, kl_coef=-1.0)
+    assert "loss.kl_coef=-1.0" in str(err.value) and "loss.max_tokens=None" in str(err.value)
