@@ -8,7 +8,7 @@ In one run, on the same device, model, prompts and sampling:
    reward, and every sample must still cost its training), median seconds of a step that generates one
    batch, trains on one and syncs once.
 
-    python -m grpo_pipe.benchmarks.rollout --prompts 8 --samples 8 --max-tokens 256 \\
+    python -m grpo_pipe.benchmarks.rollout --batches 8x8,64x8 --max-tokens 256 \\
         model=random_architecture model.arch=qwen2.5-0.5b data=gsm8k data.path=tests/fixtures/gsm8k \\
         data.train_file=test.jsonl logger=none          # any config overrides follow
 """
@@ -72,8 +72,11 @@ def tokens_per_s(generate: Callable[[], int], repeats: int) -> dict[str, float]:
     return {"tokens_per_s": tokens / sum(times), "batch_s": statistics.median(times), "tokens": tokens / repeats}
 
 
-def raw_vllm(path: Path, prompts: list[list[int]], samples: int, sampling: SamplingSettings, engine: Any,
-             repeats: int) -> dict[str, Any]:
+Batch = tuple[int, int]  # (prompts, samples per prompt)
+
+
+def raw_vllm(path: Path, prompts: list[list[int]], batches: Sequence[Batch], sampling: SamplingSettings, engine: Any,
+             repeats: int) -> list[dict[str, Any]]:
     """vLLM with its own defaults for everything that is not the model, its memory budget or the sampling."""
     on_gpu = torch.cuda.is_available()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if on_gpu else "0"
@@ -84,32 +87,35 @@ def raw_vllm(path: Path, prompts: list[list[int]], samples: int, sampling: Sampl
         "kv_cache_memory_bytes": int(engine.kv_cache_gib * 2**30), "enable_chunked_prefill": False}
     llm = LLM(model=str(path), dtype=str(engine.weight_dtype).removeprefix("torch."), max_model_len=engine.max_model_len, seed=engine.seed,
               **memory)
-    params = [SamplingParams(n=samples, temperature=sampling.temperature, top_p=sampling.top_p,
-                             max_tokens=sampling.max_tokens, logprobs=0, seed=sampling.prompt_seed(i))
-              for i in range(len(prompts))]
-    inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 
-    def generate() -> int:
-        outputs = llm.generate(inputs, params, use_tqdm=False)
+    def generate(count: int, samples: int) -> int:
+        params = [SamplingParams(n=samples, temperature=sampling.temperature, top_p=sampling.top_p,
+                                 max_tokens=sampling.max_tokens, logprobs=0, seed=sampling.prompt_seed(i))
+                  for i in range(count)]
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[:count]], params, use_tqdm=False)
         return sum(len(c.token_ids) for o in outputs for c in o.outputs)
 
+    name = "raw vLLM (vLLM defaults: " + ("CUDA graphs, engine core process)" if on_gpu else "in-process)")
     try:
-        return {"engine": "raw vLLM (vLLM defaults: " + ("CUDA graphs, engine core process)" if on_gpu else "in-process)"),
-                **tokens_per_s(generate, repeats)}
+        return [{"engine": name, "batch": f"{n}x{g}", **tokens_per_s(lambda: generate(n, g), repeats)} for n, g in batches]
     finally:
         llm.llm_engine.engine_core.shutdown()
         del llm
         gc.collect()
 
 
-def pipeline_engine(path: Path, prompts: list[list[int]], samples: int, sampling: SamplingSettings, engine: Any,
-                    options: dict[str, Any], repeats: int) -> dict[str, Any]:
+def pipeline_engine(path: Path, prompts: list[list[int]], batches: Sequence[Batch], sampling: SamplingSettings,
+                    engine: Any, options: dict[str, Any], repeats: int) -> list[dict[str, Any]]:
     engine.connect(path, options)
+
+    def generate(count: int, samples: int) -> int:
+        return sum(len(c.token_ids) for g in engine.generate(prompts[:count], [samples] * count, sampling) for c in g)
+
+    layout = f"{'in-process' if engine.in_process else 'engine core process'}, " + (
+        "eager" if engine.engine_kwargs(path)["enforce_eager"] else "CUDA graphs")
     try:
-        generate = lambda: sum(len(c.token_ids) for g in engine.generate(prompts, [samples] * len(prompts), sampling) for c in g)  # noqa: E731
-        layout = f"{'in-process' if engine.in_process else 'engine core process'}, " + (
-            "eager" if engine.engine_kwargs(path)["enforce_eager"] else "CUDA graphs")
-        return {"engine": f"grpo_pipe rollout engine ({layout})", **tokens_per_s(generate, repeats)}
+        return [{"engine": f"grpo_pipe rollout engine ({layout})", "batch": f"{n}x{g}",
+                 **tokens_per_s(lambda: generate(n, g), repeats)} for n, g in batches]
     finally:
         engine.shutdown()
 
@@ -143,8 +149,7 @@ def end_to_end(overrides: Sequence[str], prompts: int, samples: int, max_tokens:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--samples", type=int, default=8, help="completions per prompt")
+    parser.add_argument("--batches", default="8x8", help="comma list of PROMPTSxSAMPLES; the first is also trained")
     parser.add_argument("--max-tokens", type=int, default=256, help="new tokens per completion")
     parser.add_argument("--repeats", type=int, default=3, help="timed generate calls per engine, after a warm-up")
     parser.add_argument("--steps", type=int, default=4, help="pipeline steps; the median of steps 2..N-1 is reported")
@@ -154,22 +159,24 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     skip = set(filter(None, args.skip.split(",")))
+    batches = [(int(n), int(g)) for n, g in (b.split("x") for b in args.batches.split(","))]
     cfg = compose_cfg(args.overrides)
-    path, prompts, sampling = prompts_and_sampling(cfg, args.prompts, args.max_tokens)
+    path, prompts, sampling = prompts_and_sampling(cfg, max(n for n, _ in batches), args.max_tokens)
     engine = instantiate(cfg.rollout, _convert_="all")
     options = instantiate(cfg.weight_bridge, _convert_="all").engine_options()
-    rows: list[dict[str, Any]] = []
-    if "raw" not in skip:
-        rows.append(raw_vllm(path, prompts, args.samples, sampling, engine, args.repeats))
-    if "engine" not in skip:
-        rows.append(pipeline_engine(path, prompts, args.samples, sampling, engine, options, args.repeats))
-    for row in rows:
-        row["vs_raw"] = row["tokens_per_s"] / rows[0]["tokens_per_s"] if "raw" not in skip else None
-        print(format_engine_row(row, args), flush=True)
+    raw = [] if "raw" in skip else raw_vllm(path, prompts, batches, sampling, engine, args.repeats)
+    ours = [] if "engine" in skip else pipeline_engine(path, prompts, batches, sampling, engine, options, args.repeats)
+    for row in ours:
+        best = next((r for r in raw if r["batch"] == row["batch"]), None)
+        row["vs_raw"] = row["tokens_per_s"] / best["tokens_per_s"] if best else None
+    rows = raw + ours
+    for row in sorted(rows, key=lambda r: batches.index(tuple(map(int, r["batch"].split("x"))))):
+        print(format_engine_row(row, args.max_tokens), flush=True)
     steps = None
     if "steps" not in skip:
-        steps = end_to_end(args.overrides, args.prompts, args.samples, args.max_tokens, args.steps)
-        print(f"grpo_pipe end to end: {steps['step_s']:.2f} s/step (median of steps 2..{max(args.steps - 1, 2)}; "
+        steps = end_to_end(args.overrides, *batches[0], args.max_tokens, args.steps)
+        print(f"{device_name()}  {batches[0][0]}x{batches[0][1]}x{args.max_tokens}  grpo_pipe end to end: "
+              f"{steps['step_s']:.2f} s/step (median of steps 2..{max(args.steps - 1, 2)}; "
               f"all: {', '.join(f'{t:.2f}' for t in steps['step_times_s'])})", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"overrides": args.overrides, "device": device_name(), "engines": rows,
@@ -180,9 +187,9 @@ def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
 
 
-def format_engine_row(row: dict[str, Any], args: argparse.Namespace) -> str:
+def format_engine_row(row: dict[str, Any], max_tokens: int) -> str:
     ratio = f"  {100 * row['vs_raw']:.0f}% of raw" if row.get("vs_raw") is not None else ""
-    return (f"{device_name()}  {args.prompts}x{args.samples}x{args.max_tokens}  {row['engine']:<58} "
+    return (f"{device_name()}  {row['batch']}x{max_tokens}  {row['engine']:<58} "
             f"{row['tokens_per_s']:10.0f} tok/s  batch {row['batch_s']:.2f} s{ratio}")
 
 
