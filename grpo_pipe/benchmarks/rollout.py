@@ -85,8 +85,8 @@ def raw_vllm(path: Path, prompts: list[list[int]], batches: Sequence[Batch], sam
 
     memory = {"gpu_memory_utilization": engine.gpu_memory_utilization} if on_gpu else {
         "kv_cache_memory_bytes": int(engine.kv_cache_gib * 2**30), "enable_chunked_prefill": False}
-    llm = LLM(model=str(path), dtype=str(engine.weight_dtype).removeprefix("torch."), max_model_len=engine.max_model_len, seed=engine.seed,
-              **memory)
+    llm = LLM(model=str(path), dtype=str(engine.weight_dtype).removeprefix("torch."), max_model_len=engine.max_model_len,
+              seed=engine.seed, **memory)
 
     def generate(count: int, samples: int) -> int:
         params = [SamplingParams(n=samples, temperature=sampling.temperature, top_p=sampling.top_p,
@@ -97,7 +97,7 @@ def raw_vllm(path: Path, prompts: list[list[int]], batches: Sequence[Batch], sam
 
     name = "raw vLLM (vLLM defaults: " + ("CUDA graphs, engine core process)" if on_gpu else "in-process)")
     try:
-        return [{"engine": name, "batch": f"{n}x{g}", **tokens_per_s(lambda: generate(n, g), repeats)} for n, g in batches]
+        return [{"engine": name, "batch": f"{n}x{g}", **tokens_per_s(lambda n=n, g=g: generate(n, g), repeats)} for n, g in batches]
     finally:
         llm.llm_engine.engine_core.shutdown()
         del llm
@@ -115,7 +115,7 @@ def pipeline_engine(path: Path, prompts: list[list[int]], batches: Sequence[Batc
         "eager" if engine.engine_kwargs(path)["enforce_eager"] else "CUDA graphs")
     try:
         return [{"engine": f"grpo_pipe rollout engine ({layout})", "batch": f"{n}x{g}",
-                 **tokens_per_s(lambda: generate(n, g), repeats)} for n, g in batches]
+                 **tokens_per_s(lambda n=n, g=g: generate(n, g), repeats)} for n, g in batches]
     finally:
         engine.shutdown()
 

@@ -39,15 +39,15 @@ class ReloadBridge:
     def check(self, engine: object, policy: object) -> list[str]:
         """Problems with this engine, reported with the rest of the config errors."""
         if not isinstance(engine, VllmEngine):
-            return [
+            return [(
                 f"weight_bridge=reload needs a vLLM engine on the trainer's machine (placement=colocated, rollout=vllm), "
                 f"got {type(engine).__name__}; for engines elsewhere use weight_bridge=nccl, lora or checkpoint"
-            ]
+            )]
         if engine.device_ids is not None:
-            return [
+            return [(
                 f"weight_bridge=reload shares memory with the engine on the trainer's device; rollout.device_ids="
                 f"{engine.device_ids!r} puts it on another GPU: use weight_bridge=nccl"
-            ]
+            )]
         return []
 
     def engine_options(self) -> dict[str, Any]:

@@ -15,7 +15,12 @@ from typing import Any
 import torch
 
 from grpo_pipe.bridges.collective import Bucket, broadcast, join_group, unpack
-from grpo_pipe.bridges.shared_memory import bucket_views, cuda_handle, engine_views, open_handle
+from grpo_pipe.bridges.shared_memory import (
+    bucket_views,
+    cuda_handle,
+    engine_views,
+    open_handle,
+)
 
 
 class WeightReceiverExtension:

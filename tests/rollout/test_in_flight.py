@@ -7,7 +7,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.rollout.in_flight import sample_key, tokens_scheduled
