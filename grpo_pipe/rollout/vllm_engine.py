@@ -112,7 +112,7 @@ class VllmEngine:
         enable_prefix_caching: bool = True,
         enable_sleep_mode: bool = False,
         in_process: bool | None = None,
-        max_num_seqs: int = 256,
+        max_num_seqs: int | None = None,
         seed: int = 0,
         speculative_config: dict[str, Any] | None = None,
         device_ids: str | None = None,
