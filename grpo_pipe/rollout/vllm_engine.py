@@ -18,12 +18,7 @@ import torch
 from grpo_pipe import env
 from grpo_pipe.rollout import vllm_fixes
 from grpo_pipe.rollout.in_flight import InFlightLog, InFlightUpdates
-from grpo_pipe.types import (
-    Completion,
-    GeneratedBatch,
-    RequestTelemetry,
-    SamplingSettings,
-)
+from grpo_pipe.types import Completion, GeneratedBatch, RequestTelemetry, SamplingSettings
 
 log = logging.getLogger(__name__)
 
