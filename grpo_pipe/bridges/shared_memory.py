@@ -94,7 +94,7 @@ def engine_views(engine_params: Mapping[str, torch.Tensor], trainer_params: Mapp
                 views[name] = engine_params[fused_name][offset : offset + tensor.shape[0]]
     missing = sorted(set(trainer_params) - set(views))
     if missing:
-        raise RuntimeError(f"weight_bridge=ipc: no engine storage for {missing[:5]} (of {len(missing)})")
+        raise RuntimeError(f"no engine tensor holds {missing[:5]} (of {len(missing)} trainer tensors)")
     return views
 
 

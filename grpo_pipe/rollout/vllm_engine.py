@@ -18,6 +18,7 @@ import torch
 from grpo_pipe import env
 from grpo_pipe.rollout import vllm_fixes
 from grpo_pipe.rollout.in_flight import InFlightLog, InFlightUpdates
+from grpo_pipe.rollout.telemetry import request_telemetry, spec_acceptance
 from grpo_pipe.types import Completion, GeneratedBatch, RequestTelemetry, SamplingSettings
 
 log = logging.getLogger(__name__)
@@ -49,37 +50,6 @@ def _reload_in_process(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> 
         worker.reload_weights(weights_iterator=iter(weights))
     else:
         worker.model_runner.model.load_weights(weights=weights)
-
-
-def _telemetry(output: Any, generated: int) -> RequestTelemetry:
-    """The request's own numbers. With n > 1 samples vLLM runs one child request per sample but reports
-    the timestamps and prefix-cache hits of the last child to finish, so a group's samples share them.
-    Engine-core timestamps are monotonic and left at 0.0 when not recorded: 0.0 means unknown."""
-    metrics = getattr(output, "metrics", None)
-    return RequestTelemetry(
-        prompt_tokens=len(output.prompt_token_ids or ()),
-        generated_tokens=generated,
-        cached_prompt_tokens=int(getattr(output, "num_cached_tokens", 0) or 0),
-        queued_s=getattr(metrics, "queued_ts", None) or None,
-        first_token_s=getattr(metrics, "first_token_ts", None) or None,
-        last_token_s=getattr(metrics, "last_token_ts", None) or None,
-    )
-
-
-def _spec_acceptance(completion: Any) -> float | None:
-    """Accepted / proposed draft tokens of one sample; None when the engine reported no spec-decode metrics.
-
-    vLLM >= 0.28 (with `per_request_spec_decode_metrics`) attaches a `RequestSpecDecodeMetrics` to each
-    sample's final output: an acceptance histogram and `num_draft_tokens`, with the rate only in its
-    `to_dict()` (0.0 when nothing was proposed). A plain dict with the same keys is read as is.
-    """
-    spec = getattr(completion, "spec_decode_metrics", None)
-    if spec is None:
-        return None
-    if hasattr(spec, "to_dict"):
-        spec = spec.to_dict()
-    rate = spec.get("draft_acceptance_rate") if isinstance(spec, dict) else getattr(spec, "draft_acceptance_rate", None)
-    return None if rate is None else float(rate)
 
 
 # The worker methods every bridge calls (shared buckets, exported weights, broadcasts): always mixed in.
@@ -283,8 +253,8 @@ class VllmEngine:
             ids = tuple(sample.token_ids)
             first_version, switches = flight.versions_of(str(output.request_id), int(sample.index), len(ids))
             logprobs = tuple(float(step[token].logprob) for token, step in zip(ids, sample.logprobs or ()))
-            base = _telemetry(output, len(ids))
-            telemetry = RequestTelemetry(**{**base.__dict__, "spec_acceptance_rate": _spec_acceptance(sample)})
+            base = request_telemetry(output, len(ids))
+            telemetry = RequestTelemetry(**{**base.__dict__, "spec_acceptance_rate": spec_acceptance(sample)})
             completions.append(
                 Completion(
                     token_ids=ids,
