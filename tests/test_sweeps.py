@@ -37,7 +37,7 @@ def test_compare_bridges_gives_a_child_per_bridge_with_sync_metrics(tmp_path: Pa
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
     assert len(parents) == 1
     bridges = sorted(c.data.params["weight_bridge._target_"].rsplit(".", 1)[-1] for c in children)
-    assert bridges == ["BroadcastBridge", "CheckpointRestartBridge", "InProcessReloadBridge", "LoraHotSwapBridge"]
+    assert bridges == ["BroadcastBridge", "CheckpointRestartBridge", "LoraHotSwapBridge", "ReloadBridge"]
     for child in children:
         assert child.data.metrics["policy/version"] == 2.0
         assert child.data.metrics["sync/bytes"] > 0 and child.data.metrics["sync/total_s"] > 0

@@ -54,10 +54,12 @@ def raw_copy_s(nbytes: int, repeats: int) -> float:
 
 
 def _engine(path: Path, bridge: str, options: dict[str, Any]) -> VllmEngine:
-    # nccl: the engine gets a process (and, with two GPUs, a GPU) of its own; the rest share the process.
+    # The engine runs where it runs by default (GPU: its own process; CPU: this one); nccl always gets a process
+    # (and, with two GPUs, a GPU) of its own. Eager: sync cost does not depend on CUDA graphs, whose capture
+    # would only lengthen every start (and the checkpoint bridge's restarts with their baseline alike).
     other_gpu = "1" if bridge == "nccl" and torch.cuda.device_count() > 1 else None
-    engine = VllmEngine(max_model_len=512, kv_cache_gib=0.5, gpu_memory_utilization=0.2,
-                        in_process=bridge != "nccl", device_ids=other_gpu)
+    engine = VllmEngine(max_model_len=512, kv_cache_gib=0.5, gpu_memory_utilization=0.2, enforce_eager=True,
+                        in_process=False if bridge == "nccl" else None, device_ids=other_gpu)
     engine.connect(path, options)
     return engine
 
@@ -73,9 +75,9 @@ def bench_bridge(name: str, path: Path, repeats: int) -> dict[str, Any]:
     from grpo_pipe.bridges.checkpoint_restart import CheckpointRestartBridge
     from grpo_pipe.bridges.cuda_ipc import CudaIpcBridge
     from grpo_pipe.bridges.lora_hotswap import LoraHotSwapBridge
-    from grpo_pipe.bridges.reload import InProcessReloadBridge
+    from grpo_pipe.bridges.reload import ReloadBridge
 
-    bridge = {"reload": InProcessReloadBridge, "lora": LoraHotSwapBridge, "ipc": CudaIpcBridge,
+    bridge = {"reload": ReloadBridge, "lora": LoraHotSwapBridge, "ipc": CudaIpcBridge,
               "nccl": BroadcastBridge, "checkpoint": CheckpointRestartBridge}[name]()
     if name == "nccl" and ON_GPU and torch.cuda.device_count() < 2:
         return {"bridge": name, "skipped": "needs two GPUs (engine and trainer on different devices)"}
@@ -117,13 +119,16 @@ def bench_bridge(name: str, path: Path, repeats: int) -> dict[str, Any]:
 
 
 def _memory_after_connect() -> float | None:
-    """GPU memory this process holds once engine and trainer are set up (weights, KV cache, optimizer
-    state not yet created); the peak counter restarts here so `sync_peak_gib` covers the syncs only."""
+    """GPU memory in use on the device, by every process (the engine's included), once engine and trainer
+    are set up (weights, KV cache; optimizer state not yet created); the peak counter of this process
+    restarts here so `sync_peak_gib` covers the syncs only."""
     if not ON_GPU:
         return None
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    return torch.cuda.memory_allocated() / 2**30
+    free, total = torch.cuda.mem_get_info()
+    return (total - free) / 2**30
 
 
 def _limit(name: str, bridge: Any, nbytes: int, median_s: float, cold_start_s: float, repeats: int) -> dict[str, Any]:
@@ -172,7 +177,8 @@ def format_row(row: dict[str, Any]) -> str:
     if "skipped" in row:
         return f"{row['model']:>14} {row['bridge']:>10}  skipped: {row['skipped']}"
     gbps = f"{row['gb_per_s']:.2f} GB/s" if row.get("gb_per_s") else "0 bytes moved"
-    peak = f"  resident {row['resident_gib']:.2f} GiB, sync peak {row['sync_peak_gib']:.2f} GiB" if "resident_gib" in row else ""
+    peak = (f"  device in use {row['resident_gib']:.2f} GiB, trainer sync peak {row['sync_peak_gib']:.2f} GiB"
+            if "resident_gib" in row else "")
     return (f"{row['model']:>14} {row['bridge']:>10}  sync {row['sync_ms']:9.2f} ms  {gbps:>14}  "
             f"{row['limit']}: {row['limit_ms']:.2f} ms  ratio {row['ratio']:.2f}x{peak}")
 

@@ -1,14 +1,16 @@
 """Single-copy weights on one GPU (`weight_bridge=ipc`): the trainer's parameters ARE the engine's.
 
-At connect, every trainer parameter is re-pointed at the matching storage inside the live vLLM
-model: fused engine tensors (qkv_proj, gate_up_proj) are shared as row slices, a tied lm_head comes
+At connect, the engine's worker exports its weight storage (CUDA IPC handles: the engine runs in its
+own process, as on a GPU by default) and every trainer parameter is re-pointed at the matching
+storage: fused engine tensors (qkv_proj, gate_up_proj) are shared as row slices, a tied lm_head comes
 along with the embedding. The trainer's own copy is then freed, so the GPU holds one copy of the
-weights. The optimizer updates them in place; a "sync" moves no bytes: it only resets the engine's
-prefix cache (KV blocks computed with older weights) and bumps the served version.
+weights. The optimizer updates them in place; a "sync" moves no bytes: it waits for the optimizer's
+writes and bumps the served version (new requests get a fresh prefix-cache namespace, so no KV block
+computed with older weights is reused). An in-process engine hands over its tensors directly.
 
 Generation and optimisation alternate in this loop, so generation is paused while the optimizer
-writes. Needs an in-process engine (V1 with multiprocessing off) and a policy in the engine's dtype;
-training is then bf16 without fp32 master weights, the usual trade of single-copy designs.
+writes. Needs a policy in the engine's dtype (training is then bf16 without fp32 master weights, the
+usual trade of single-copy designs) and no sleep mode (sleeping would take the trainer's weights away).
 """
 
 from __future__ import annotations
@@ -19,37 +21,10 @@ from typing import Any
 
 import torch
 
+from grpo_pipe.bridges.shared_memory import engine_views, open_handle
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.trainer.policy import FullFinetunePolicy
 from grpo_pipe.types import SyncStats
-
-
-def engine_views(engine_params: Mapping[str, torch.Tensor], trainer_params: Mapping[str, torch.Tensor],
-                 packed: Mapping[str, list[str]]) -> dict[str, torch.Tensor]:
-    """For each trainer parameter name, the view of engine storage that holds it.
-
-    `packed` is vLLM's `packed_modules_mapping` (e.g. qkv_proj -> [q_proj, k_proj, v_proj]): shards
-    are stacked along dim 0 in that order, so offsets follow the trainer's own shard shapes.
-    """
-    views: dict[str, torch.Tensor] = {}
-    for name, tensor in trainer_params.items():
-        if name in engine_params:
-            views[name] = engine_params[name]
-            continue
-        for fused, shards in packed.items():
-            for index, shard in enumerate(shards):
-                marker = f".{shard}."
-                if marker not in name:
-                    continue
-                fused_name = name.replace(marker, f".{fused}.")
-                if fused_name not in engine_params:
-                    continue
-                offset = sum(trainer_params[name.replace(marker, f".{s}.")].shape[0] for s in shards[:index])
-                views[name] = engine_params[fused_name][offset : offset + tensor.shape[0]]
-    missing = sorted(set(trainer_params) - set(views))
-    if missing:
-        raise RuntimeError(f"weight_bridge=ipc: no engine storage for {missing[:5]} (of {len(missing)})")
-    return views
 
 
 def _engine_model(worker: Any) -> Any:
@@ -63,6 +38,7 @@ class CudaIpcBridge:
         self.sync_every = sync_every
         self.engine: VllmEngine | None = None
         self.shared_bytes = 0
+        self._engine_tensors: dict[str, torch.Tensor] = {}  # keeps the mapped engine storage open
 
     def check(self, engine: object, policy: object) -> list[str]:
         problems = []
@@ -71,8 +47,10 @@ class CudaIpcBridge:
                 "weight_bridge=ipc needs a CUDA GPU (trainer and engine share one copy of the weights in GPU "
                 "memory); on this machine use weight_bridge=reload, lora, nccl or checkpoint"
             )
-        if not isinstance(engine, VllmEngine) or not engine.in_process:
-            problems.append("weight_bridge=ipc needs an in-process vLLM engine (placement=colocated, rollout.in_process=true)")
+        if not isinstance(engine, VllmEngine) or engine.device_ids is not None:
+            problems.append("weight_bridge=ipc needs a vLLM engine on the trainer's GPU (placement=colocated, rollout.device_ids=null)")
+        elif engine.enable_sleep_mode:
+            problems.append("weight_bridge=ipc cannot use rollout.enable_sleep_mode=true: a sleeping engine would free the trainer's weights")
         if not isinstance(policy, FullFinetunePolicy):
             problems.append(f"weight_bridge=ipc needs policy=full, got {type(policy).__name__}")
         return problems
@@ -84,16 +62,31 @@ class CudaIpcBridge:
         module = policy.module
         if module is None:
             raise RuntimeError("policy must be loaded before the ipc bridge connects")
-        model = engine.call_workers_in_process(_engine_model)
-        engine_params = dict(model.named_parameters(remove_duplicate=False))
+        engine_params, packed = self._engine_weights(engine)
+        self._engine_tensors = engine_params
         trainer_params = dict(module.named_parameters(remove_duplicate=False))
-        views = engine_views(engine_params, trainer_params, getattr(model, "packed_modules_mapping", {}))
+        views = engine_views(engine_params, trainer_params, packed)
         with torch.no_grad():
             self._alias(trainer_params, views)
         self.shared_bytes = sum(p.numel() * p.element_size() for p in {id(p): p for p in module.parameters()}.values())
+        torch.cuda.synchronize()  # the engine reads the weights copied in above from its own process
         torch.cuda.empty_cache()
         engine.after_external_weight_update()
         self.engine = engine
+
+    @staticmethod
+    def _engine_weights(engine: VllmEngine) -> tuple[dict[str, torch.Tensor], dict[str, list[str]]]:
+        """The engine's parameters as tensors of this process, and vLLM's fused-module mapping."""
+        if engine.in_process:
+            model = engine.call_workers_in_process(_engine_model)
+            return dict(model.named_parameters(remove_duplicate=False)), dict(getattr(model, "packed_modules_mapping", {}))
+        exported = engine.call_workers("grpo_export_weights")[0]
+        return {name: open_handle(h) for name, h in exported["params"].items()}, exported["packed"]
+
+    def engine_storage_spans(self) -> list[tuple[int, int]]:
+        """(first, last + 1) device address of each engine tensor this bridge maps: where the trainer's
+        parameters must live."""
+        return [(t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()) for t in self._engine_tensors.values()]
 
     @staticmethod
     def _alias(trainer_params: Mapping[str, torch.nn.Parameter], views: Mapping[str, torch.Tensor]) -> None:
@@ -119,3 +112,4 @@ class CudaIpcBridge:
 
     def close(self) -> None:
         self.engine = None
+        self._engine_tensors = {}

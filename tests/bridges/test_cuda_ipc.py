@@ -10,8 +10,8 @@ from tests.bridges.equality import train_sync_and_compare
 from tests.conftest import REPO
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="weight_bridge=ipc needs a CUDA GPU")
-GPU = ["data=gsm8k", "data.path=tests/fixtures/gsm8k", "data.train_file=test.jsonl", "weight_bridge=ipc", "rollout.dtype=bfloat16", "trainer.dtype=bfloat16", "trainer.lr=2e-3",
-       "rollout.gpu_memory_utilization=0.15"]
+GPU = ["data=gsm8k", "data.path=tests/fixtures/gsm8k", "data.train_file=test.jsonl", "weight_bridge=ipc", "rollout.dtype=bfloat16",
+       "trainer.dtype=bfloat16", "trainer.lr=2e-3", "rollout.gpu_memory_utilization=0.15", "rollout.max_num_seqs=16"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on machines without a GPU")
@@ -43,6 +43,7 @@ def test_ipc_keeps_one_copy_of_the_weights(compose_cfg) -> None:
 
     parts = build(compose_cfg(GPU))
     engine, trainer, bridge = parts["rollout"], parts["trainer"], parts["weight_bridge"]
+    assert engine.in_process is False  # the GPU default: the engine's storage lives in another process
     path = parts["model"].materialize()
     engine.connect(path, bridge.engine_options())
     try:
@@ -50,12 +51,10 @@ def test_ipc_keeps_one_copy_of_the_weights(compose_cfg) -> None:
         before = torch.cuda.memory_allocated()
         bridge.connect(engine, trainer.policy)
         freed = before - torch.cuda.memory_allocated()
-        from grpo_pipe.bridges.cuda_ipc import _engine_model
-
-        engine_model = engine.call_workers_in_process(_engine_model)
-        spans = [(p.data_ptr(), p.data_ptr() + p.numel() * p.element_size()) for p in engine_model.parameters()]
+        spans = bridge.engine_storage_spans()
         for name, param in trainer.policy.module.named_parameters():
             assert any(lo <= param.data_ptr() < hi for lo, hi in spans), f"{name} is not engine storage"
         assert freed >= 0.9 * bridge.shared_bytes  # the trainer's own copy is gone
     finally:
+        bridge.close()
         engine.shutdown()

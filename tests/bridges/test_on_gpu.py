@@ -1,16 +1,20 @@
-"""The fresh-engine check for the CPU-capable bridges, repeated on a GPU in bf16 (exact equality:
-same weights, same engine settings, same batch, so the same kernels run)."""
+"""The fresh-engine check for the CPU-capable bridges, repeated on a GPU in bf16 with the GPU defaults (engine
+core in its own process, CUDA graphs): exact equality, since the same weights, settings and batch run the same
+kernels."""
 
 import pytest
 import torch
 
-from tests.bridges.equality import train_sync_and_compare
+from tests.bridges.equality import GREEDY, train_sync_and_compare
 
-GPU = ["data=gsm8k", "data.path=tests/fixtures/gsm8k", "data.train_file=test.jsonl", "rollout.dtype=bfloat16", "trainer.dtype=bfloat16", "rollout.gpu_memory_utilization=0.15"]
+# A small max_num_seqs keeps CUDA-graph capture (one graph per batch size) short in tests.
+GPU = ["data=gsm8k", "data.path=tests/fixtures/gsm8k", "data.train_file=test.jsonl", "rollout.dtype=bfloat16",
+       "trainer.dtype=bfloat16", "rollout.gpu_memory_utilization=0.15", "rollout.max_num_seqs=16"]
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@needs_gpu
 @pytest.mark.parametrize(
     ("bridge", "fresh_from"),
     [(["weight_bridge=reload", "trainer.lr=2e-3"], "merged"), (["weight_bridge=checkpoint", "trainer.lr=2e-3"], "merged"),
@@ -18,7 +22,31 @@ GPU = ["data=gsm8k", "data.path=tests/fixtures/gsm8k", "data.train_file=test.jso
     ids=["reload", "checkpoint", "lora"],
 )
 def test_bridge_matches_a_fresh_engine_on_gpu(compose_cfg, tmp_path, bridge, fresh_from) -> None:
-    train_sync_and_compare(compose_cfg([*GPU, *bridge]), tmp_path / "saved", fresh_from)
+    cfg = compose_cfg([*GPU, *bridge])
+    assert cfg.rollout.in_process is None and cfg.rollout.enforce_eager is None  # the defaults: out of process, graphs
+    train_sync_and_compare(cfg, tmp_path / "saved", fresh_from)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_an_engine_process_with_cuda_graphs_sleeps_and_wakes_with_the_same_outputs(compose_cfg) -> None:
+    from hydra.utils import instantiate
+
+    from grpo_pipe.models.tiny_random import TinyRandomModel
+
+    engine = instantiate(compose_cfg([*GPU, "rollout.enable_sleep_mode=true"]).rollout, _convert_="all")
+    assert engine.in_process is False
+    engine.connect(TinyRandomModel().materialize())
+    try:
+        prompts = [[3 + (7 * i + j) % 300 for j in range(20)] for i in range(4)]
+        before = [g[0].token_ids for g in engine.generate(prompts, [1] * 4, GREEDY)]
+        free_awake = torch.cuda.mem_get_info()[0]
+        engine.sleep(1)
+        assert torch.cuda.mem_get_info()[0] > free_awake  # the engine process gave memory back
+        engine.wake_up()
+        assert [g[0].token_ids for g in engine.generate(prompts, [1] * 4, GREEDY)] == before
+    finally:
+        engine.shutdown()
 
 
 @pytest.mark.gpu

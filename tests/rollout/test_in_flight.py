@@ -7,28 +7,16 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
-from safetensors.torch import load_file, save_file
 
-from grpo_pipe.bridges.files import copy_tokenizer_files
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.rollout.in_flight import sample_key, tokens_scheduled
 from grpo_pipe.rollout.step_gate import StepGate
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.types import SamplingSettings
+from tests.rollout.weights import other_weights
 
 PROMPTS = [[3 + (11 * i + 5 * j) % 400 for j in range(24)] for i in range(6)]
 SAMPLING = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=48, seed=5)
-
-
-def _other_weights(source: Path, out: Path) -> Path:
-    """The tiny model's weights with every MLP scaled: the same names, clearly other outputs."""
-    out.mkdir()
-    for file in source.glob("*.safetensors"):
-        tensors = load_file(file)
-        save_file({k: (v * 1.5 if ".mlp." in k else v).contiguous() for k, v in tensors.items()}, out / file.name)
-    copy_tokenizer_files(source, out)
-    return out
 
 
 def _sync_after(engine: VllmEngine, folder: Path, steps: int) -> threading.Thread:
@@ -57,7 +45,7 @@ def _sync_after(engine: VllmEngine, folder: Path, steps: int) -> threading.Threa
 def _generate_around_a_sync(tmp_path: Path, **engine_options):
     """Three seeded generations: before, during (a sync to other weights lands after 6 engine steps), after."""
     source = TinyRandomModel().materialize()
-    other = _other_weights(source, tmp_path / "other")
+    other = other_weights(source, tmp_path / "other")
     engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25, **engine_options)
     engine.connect(source)
     try:

