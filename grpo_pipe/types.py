@@ -99,14 +99,16 @@ class SyncStats:
     pause_s: float  # time generation was unavailable
     bytes_moved: int
     policy_version: int  # version the engine serves afterwards
+    total_s: float | None = None  # wall time of the whole push, measured by the caller (bridges.contract)
 
     def as_metrics(self) -> dict[str, float]:
+        phases = self.gather_s + self.transport_s + self.load_s
         return {
             "sync/gather_s": self.gather_s,
             "sync/transport_s": self.transport_s,
             "sync/load_s": self.load_s,
             "sync/pause_s": self.pause_s,
-            "sync/total_s": self.gather_s + self.transport_s + self.load_s,
+            "sync/total_s": phases if self.total_s is None else self.total_s,
             "sync/bytes": float(self.bytes_moved),
             "sync/policy_version": float(self.policy_version),
         }

@@ -35,7 +35,7 @@ EXPERIMENTS = sorted(path.stem for path in (CONF / "experiment").glob("*.yaml"))
 
 @pytest.mark.parametrize("experiment", EXPERIMENTS)
 def test_experiment_composes_validates_and_changes_only_settings(compose_cfg, experiment: str) -> None:
-    cfg = compose_cfg([f"+experiment={experiment}"], tiny=False)
+    cfg = compose_cfg([f"experiment={experiment}"], tiny=False)
     validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)  # no stray top-level key: the file merges into the groups
     plain = compose_cfg([], tiny=False)
     assert set(cfg.keys()) == set(plain.keys())

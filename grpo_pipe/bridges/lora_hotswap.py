@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_pipe import env
+from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.files import folder_bytes, replace_atomically
 from grpo_pipe.interfaces import AdapterEngine
 from grpo_pipe.trainer.policy import LoraPolicy
@@ -23,11 +24,9 @@ from grpo_pipe.types import SyncStats
 
 class LoraHotSwapBridge:
     def __init__(self, sync_every: int = 1, max_lora_rank: int = 16, max_loras: int = 2) -> None:
-        if sync_every < 1:
-            raise ValueError(f"weight_bridge.sync_every={sync_every}: must be >= 1")
         if max_loras < 2:
             raise ValueError(f"weight_bridge.max_loras={max_loras}: must be >= 2 (the old and the new adapter)")
-        self.sync_every = sync_every
+        self.sync_every = check_sync_every(sync_every)
         self.max_lora_rank = max_lora_rank
         self.max_loras = max_loras
         self.engine: Any = None
@@ -79,7 +78,6 @@ class LoraHotSwapBridge:
             self.engine.retire_adapter(old)
             shutil.rmtree(self._root / f"v{old}", ignore_errors=True)
         self._live = [version]
-        self.engine.served_version = version
 
     def close(self) -> None:
         if self._root is not None:

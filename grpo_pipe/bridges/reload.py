@@ -9,23 +9,21 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from grpo_pipe.interfaces import Policy
-from grpo_pipe.rollout.vllm_engine import VllmEngine
+from grpo_pipe.bridges.contract import check_sync_every
+from grpo_pipe.interfaces import InProcessModelEngine, Policy
 from grpo_pipe.types import SyncStats
 
 
 class InProcessReloadBridge:
     def __init__(self, sync_every: int = 1) -> None:
-        if sync_every < 1:
-            raise ValueError(f"weight_bridge.sync_every={sync_every}: must be >= 1")
-        self.sync_every = sync_every
-        self.engine: VllmEngine | None = None
+        self.sync_every = check_sync_every(sync_every)
+        self.engine: InProcessModelEngine | None = None
 
     def check(self, engine: object, policy: object) -> list[str]:
         """Problems with this engine, reported with the rest of the config errors."""
-        if not isinstance(engine, VllmEngine):
+        if not isinstance(engine, InProcessModelEngine):
             return [
-                f"weight_bridge=reload needs an in-process vLLM engine (placement=colocated, rollout=vllm), "
+                f"weight_bridge=reload needs an engine that loads tensors in this process (placement=colocated, rollout=vllm), "
                 f"got {type(engine).__name__}; for an engine elsewhere use weight_bridge=nccl, lora or checkpoint"
             ]
         if not engine.in_process:
@@ -38,7 +36,7 @@ class InProcessReloadBridge:
     def engine_options(self) -> dict[str, Any]:
         return {}
 
-    def connect(self, engine: VllmEngine, policy: Policy) -> None:
+    def connect(self, engine: InProcessModelEngine, policy: Policy) -> None:
         self.engine = engine
 
     def push(self, policy: Policy, version: int) -> SyncStats:
@@ -50,7 +48,6 @@ class InProcessReloadBridge:
         gathered = time.perf_counter()
         self.engine.reload_weights(weights)
         loaded = time.perf_counter()
-        self.engine.served_version = version
         return SyncStats(
             gather_s=gathered - started,
             transport_s=0.0,

@@ -83,7 +83,7 @@ class RolloutScheduler:
         overlong_prompts: Literal["skip", "truncate"] = "skip",
     ) -> None:
         if stale_policy not in ("pace", "drop"):
-            raise ValueError(f"trainer.stale_policy={stale_policy!r}; allowed: 'pace', 'drop'")
+            raise ValueError(f"rollout_scheduler.stale_policy={stale_policy!r}; allowed: 'pace', 'drop'")
         self.engine = engine
         self.next_batch = next_batch
         self.render = render
@@ -215,7 +215,7 @@ class RolloutScheduler:
             lag = trainer_version - min(c.policy_version for c in completions)
             if lag > self.max_staleness:
                 if self.stale_policy == "pace":  # the submit rule makes this impossible: a bug, not data
-                    raise RuntimeError(f"staleness {lag} > trainer.max_staleness={self.max_staleness} under pace")
+                    raise RuntimeError(f"staleness {lag} > rollout_scheduler.max_staleness={self.max_staleness} under pace")
                 dropped.append((task.uid, lag))
                 reason = f"staleness {lag} > max_staleness {self.max_staleness}"
                 self.ledger.dropped[reason] = self.ledger.dropped.get(reason, 0) + 1

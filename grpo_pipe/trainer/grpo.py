@@ -59,8 +59,6 @@ class GRPOTrainer:
         kl_coef: float = 0.0,
         dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
         max_bad_steps: int = 3,
-        max_staleness: int = 0,
-        stale_policy: Literal["pace", "drop"] = "pace",
         is_cap: float | None = None,
         skip_zero_advantage: bool = True,
     ) -> None:
@@ -68,8 +66,6 @@ class GRPOTrainer:
             raise ValueError(f"trainer.steps={steps}: must be >= 1")
         if micro_batch_size < 1:
             raise ValueError(f"trainer.micro_batch_size={micro_batch_size}: must be >= 1")
-        if max_staleness < 0:
-            raise ValueError(f"trainer.max_staleness={max_staleness}: must be >= 0 (0 = on-policy, the synchronous loop)")
         if is_cap is not None and is_cap <= 0:
             raise ValueError(f"trainer.is_cap={is_cap}: must be > 0, or null for ratio clipping against the sampler")
         if kl_coef > 0:
@@ -90,8 +86,6 @@ class GRPOTrainer:
         self.kl_coef = kl_coef
         self.dtype_name = dtype
         self.max_bad_steps = max_bad_steps
-        self.max_staleness = max_staleness  # policy versions a sample's weights may lag the trainer's
-        self.stale_policy = stale_policy  # pace: never generate too far ahead; drop: discard what got too old
         self.is_cap = is_cap
         self.skip_zero_advantage = skip_zero_advantage
         self.version = 0  # bumped by every applied optimizer update
