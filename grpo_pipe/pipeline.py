@@ -10,9 +10,9 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from grpo_pipe.checkpointing import Checkpoint, config_differences, find_resume_checkpoint
 from grpo_pipe.components import PLAIN_KEYS, VALIDATED_GROUPS, Components, build
@@ -51,12 +51,12 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
         sweep_dir=job.sweep_dir,
         resume_run_id=resume_from.loop_state()["mlflow_run_id"] if resume_from is not None else None,
     )
-    config_yaml = OmegaConf.to_yaml(OmegaConf.create(OmegaConf.to_container(cfg, resolve=True)))
+    config_yaml = OmegaConf.to_yaml(OmegaConf.create(_plain(cfg)))
     recipe = GRPORecipe(parts, config_yaml, job.output_dir)
     status = "FAILED"
     try:
         if resume_from is None:
-            tracker.log_params(_flatten(OmegaConf.to_container(cfg, resolve=True)))
+            tracker.log_params(_flatten(_plain(cfg)))
             _log_hydra_files(tracker, job.output_dir)
         with StopRequest() as stop:
             result = _setup_and_train(recipe, resume_from, stop)
@@ -90,8 +90,8 @@ def _resume_checkpoint(cfg: DictConfig, job: JobContext) -> Checkpoint | None:
         found = find_resume_checkpoint(str(cfg.resume), job.output_dir.parent)
     except FileNotFoundError as err:
         raise ConfigError([str(err)]) from None
-    saved = OmegaConf.to_container(OmegaConf.create(found.config_yaml()))
-    current = OmegaConf.to_container(cfg, resolve=True)
+    saved = _plain(OmegaConf.create(found.config_yaml()))
+    current = _plain(cfg)
     accepted = set(cfg.get("resume_accept") or [])
     changed = [
         key for key in config_differences(saved, current)
@@ -104,6 +104,11 @@ def _resume_checkpoint(cfg: DictConfig, job: JobContext) -> Checkpoint | None:
         ])
     log.info("Resuming from %s (step %d)", found.path, found.step)
     return found
+
+
+def _plain(cfg: DictConfig | ListConfig) -> dict[str, Any]:
+    """The config resolved into plain dicts and lists."""
+    return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
 
 
 def _flatten(tree: Any, prefix: str = "") -> dict[str, Any]:

@@ -1,6 +1,5 @@
 """Every option of every config group composes, validates and instantiates (cheaply, nothing loads)."""
 
-from pathlib import Path
 
 import pytest
 from hydra.utils import instantiate

@@ -100,7 +100,8 @@ def bench_bridge(name: str, path: Path, repeats: int) -> dict[str, Any]:
         memory = _memory_after_connect()
         version = iter(range(1, 10_000))
         # A checkpoint sync restarts the engine: two repeats are plenty to see its cost.
-        median_s, stats = timed(lambda: push_weights(bridge, engine, policy, next(version)), min(repeats, 2) if name == "checkpoint" else repeats)
+        repeats_here = min(repeats, 2) if name == "checkpoint" else repeats
+        median_s, stats = timed(lambda: push_weights(bridge, engine, policy, next(version)), repeats_here)
         weight_bytes = stats.bytes_moved if name == "lora" else sum(
             t.numel() * t.element_size() for _, t in policy.named_weights()
         )

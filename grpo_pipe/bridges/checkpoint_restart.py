@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.bridges.files import copy_tokenizer_files, folder_bytes, replace_atomically
 from grpo_pipe.bridges.contract import check_sync_every
+from grpo_pipe.bridges.files import copy_tokenizer_files, folder_bytes, replace_atomically
 from grpo_pipe.interfaces import Policy, RolloutEngine
 from grpo_pipe.types import SyncStats
 
