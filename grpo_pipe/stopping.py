@@ -18,10 +18,6 @@ class StopRequest:
         self.reason: str | None = None
         self._previous: dict[int, object] = {}
 
-    @property
-    def requested(self) -> bool:
-        return self.reason is not None
-
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():  # signals can only be caught there
             for signum in (signal.SIGINT, signal.SIGTERM):

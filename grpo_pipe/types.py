@@ -127,4 +127,10 @@ class SamplingSettings:
         """A seed per prompt (vLLM gives the n samples of a prompt seed, seed + 1, ...)."""
         if self.seed is None:
             return None
-        return (self.seed * 1_000_003 + index) * 4096 % 2**62
+        return derive_seed(self.seed, index) * 4096 % 2**62
+
+
+def derive_seed(seed: int, index: int) -> int:
+    """The seed of stream `index` (a batch, a prompt) of a run seeded with `seed`: distinct for distinct
+    indices, and a function of the two alone, so a resumed run draws exactly what the uninterrupted one did."""
+    return seed * 1_000_003 + index

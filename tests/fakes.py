@@ -15,7 +15,16 @@ import torch
 from grpo_pipe.components import Components
 from grpo_pipe.rollout.scheduler import RolloutScheduler
 from grpo_pipe.run_state import RunSettings
-from grpo_pipe.types import Completion, GeneratedBatch, RequestTelemetry, RewardOutput, RolloutGroup, SamplingSettings, SyncStats, Task
+from grpo_pipe.types import (
+    Completion,
+    GeneratedBatch,
+    RequestTelemetry,
+    RewardOutput,
+    RolloutGroup,
+    SamplingSettings,
+    SyncStats,
+    Task,
+)
 
 TASKS = [Task(f"t/{i}", f"{i} + 1", str(i + 1)) for i in range(8)]
 
@@ -48,7 +57,9 @@ class FakeEngine:
     def connect(self, model_path: Path, options: dict[str, Any] | None = None) -> None:
         self.model_path = model_path
 
-    def generate(self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings) -> list[list[Completion]]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
+    ) -> list[list[Completion]]:
         self.calls.append("generate")
         out = []
         for prompt, n in zip(prompts, samples):
@@ -186,7 +197,9 @@ class ListTracker:
     def __init__(self) -> None:
         self.metrics: list[tuple[int, dict[str, float]]] = []
 
-    def start(self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None, resume_run_id: str | None = None) -> None: ...
+    def start(
+        self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None, resume_run_id: str | None = None
+    ) -> None: ...
 
     def logged_steps(self, key: str) -> set[int]:
         return set()

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from grpo_pipe.interfaces import PendingRollout, RolloutEngine
-from grpo_pipe.types import GeneratedBatch, RolloutGroup, SamplingSettings, Task
+from grpo_pipe.types import GeneratedBatch, RolloutGroup, SamplingSettings, Task, derive_seed
 
 StalePolicy = Literal["pace", "drop"]
 log = logging.getLogger(__name__)
@@ -194,7 +194,7 @@ class RolloutScheduler:
         # samples exactly what the uninterrupted one would have, whatever the engine did before.
         if self.sampling.seed is None:
             return self.sampling
-        return replace(self.sampling, seed=self.sampling.seed * 1_000_003 + index)
+        return replace(self.sampling, seed=derive_seed(self.sampling.seed, index))
 
     def take(self, trainer_version: int) -> TakenBatch:
         """The oldest batch in flight (blocks until it is generated). Call `fill` first."""

@@ -16,6 +16,7 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from grpo_pipe.dtypes import DTYPES, DtypeName
 from grpo_pipe.trainer.batch import TrainSample, collate, completion_logprobs, flatten
 from grpo_pipe.trainer.loss import Aggregation, group_advantages, policy_loss
 from grpo_pipe.types import RolloutGroup
@@ -35,7 +36,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """`auto` = bf16 on GPU, fp32 on CPU (bf16 matmuls on CPU are slow and inexact)."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    return DTYPES[name]
 
 
 class GRPOTrainer:
@@ -57,7 +58,7 @@ class GRPOTrainer:
         clip_low: float = 0.2,
         clip_high: float = 0.28,
         kl_coef: float = 0.0,
-        dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+        dtype: DtypeName = "auto",
         max_bad_steps: int = 3,
         is_cap: float | None = None,
         skip_zero_advantage: bool = True,
