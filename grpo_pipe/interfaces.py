@@ -37,7 +37,11 @@ class TaskSource(Protocol):
     """A dataset of tasks with a train/eval split that never overlap."""
 
     system_prompt: str
-    skipped: Sized  # rows of the source that could not be used (counted and logged, never fatal)
+
+    @property
+    def skipped(self) -> Sized:
+        """Rows of the source that could not be used (counted and logged, never fatal)."""
+        ...
 
     def train_tasks(self) -> Sequence[Task]: ...
 
@@ -61,12 +65,38 @@ class RolloutEngine(Protocol):
     the new weights, one submitted before it uses the old ones. The async loop relies on this.
     """
 
-    served_version: int  # policy version of the weights the engine generates with
-    model_path: Path | None  # the folder it was started on
-    weight_dtype: torch.dtype  # the dtype it holds weights in (bridges convert before sending)
-    in_process: bool  # True when the engine's model lives in this process
-    max_model_len: int  # prompt + completion tokens one request may hold
-    enable_sleep_mode: bool  # whether `sleep` can free the engine's memory
+    @property
+    def served_version(self) -> int:
+        """Policy version of the weights the engine generates with (set by `bridges.contract.push_weights`)."""
+        ...
+
+    @served_version.setter
+    def served_version(self, version: int) -> None: ...
+
+    @property
+    def model_path(self) -> Path | None:
+        """The folder it was started on."""
+        ...
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype it holds weights in (bridges convert before sending)."""
+        ...
+
+    @property
+    def in_process(self) -> bool:
+        """True when the engine's model lives in this process."""
+        ...
+
+    @property
+    def max_model_len(self) -> int:
+        """Prompt + completion tokens one request may hold."""
+        ...
+
+    @property
+    def enable_sleep_mode(self) -> bool:
+        """Whether `sleep` can free the engine's memory."""
+        ...
 
     def connect(self, model_path: Path, options: dict[str, Any] | None = None) -> None: ...
 
@@ -93,7 +123,13 @@ class RolloutEngine(Protocol):
 class InProcessModelEngine(Protocol):
     """An engine whose model lives in this process, so a bridge can hand it tensors directly."""
 
-    in_process: bool  # false when the same class was started in its own process
+    @property
+    def in_process(self) -> bool:
+        """False when the same class was started in its own process."""
+        ...
+
+    @property
+    def weight_dtype(self) -> torch.dtype: ...
 
     def reload_weights(self, weights: Sequence[tuple[str, torch.Tensor]]) -> None:
         """Load Hugging Face-named tensors into the live model (vLLM fuses qkv / gate_up itself)."""

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from grpo_pipe.components import Components
-from grpo_pipe.rollout.scheduler import RolloutScheduler
+from grpo_pipe.rollout.scheduler import RolloutScheduler, StalePolicy
 from grpo_pipe.run_state import RunSettings
 from grpo_pipe.types import (
     Completion,
@@ -239,7 +239,7 @@ class LocalModel:
 
 
 def fake_components(
-    tmp_path: Path, steps: int = 3, max_staleness: int = 0, stale_policy: str = "pace", sync_every: int = 1,
+    tmp_path: Path, steps: int = 3, max_staleness: int = 0, stale_policy: StalePolicy = "pace", sync_every: int = 1,
     checkpoints: Callable[[], Any] | None = None,
 ) -> Components:
     from grpo_pipe.checkpointing import CheckpointManager
