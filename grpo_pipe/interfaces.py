@@ -181,6 +181,15 @@ class Policy(Protocol):
 
 
 @runtime_checkable
+class AdapterPolicy(Protocol):
+    """A policy that trains a LoRA adapter on a frozen base, and can save the adapter alone."""
+
+    rank: int
+
+    def save_adapter(self, path: Path, dtype: torch.dtype | None = None) -> None: ...
+
+
+@runtime_checkable
 class WeightBridge(Protocol):
     """Moves trained weights into the live engine.
 

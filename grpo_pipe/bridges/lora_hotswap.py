@@ -17,8 +17,7 @@ from typing import Any
 from grpo_pipe import env
 from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.files import folder_bytes, replace_atomically
-from grpo_pipe.interfaces import AdapterEngine
-from grpo_pipe.trainer.policy import LoraPolicy
+from grpo_pipe.interfaces import AdapterEngine, AdapterPolicy
 from grpo_pipe.types import SyncStats
 
 
@@ -37,7 +36,7 @@ class LoraHotSwapBridge:
         problems = []
         if not isinstance(engine, AdapterEngine):
             problems.append(f"weight_bridge=lora needs an engine that serves LoRA adapters, got {type(engine).__name__}")
-        if not isinstance(policy, LoraPolicy):
+        if not isinstance(policy, AdapterPolicy):
             problems.append(f"weight_bridge=lora needs policy=lora, got {type(policy).__name__}")
         elif policy.rank > self.max_lora_rank:
             problems.append(f"policy.rank={policy.rank} > weight_bridge.max_lora_rank={self.max_lora_rank}")
@@ -51,7 +50,7 @@ class LoraHotSwapBridge:
         # RAM-backed when possible: the adapter is written and read back once per sync.
         self._root = Path(tempfile.mkdtemp(prefix="grpo_pipe-lora-", dir=env.fast_scratch_dir()))
 
-    def push(self, policy: LoraPolicy, version: int) -> SyncStats:
+    def push(self, policy: AdapterPolicy, version: int) -> SyncStats:
         if self.engine is None or self._root is None:
             raise RuntimeError("bridge used before connect()")
         started = time.perf_counter()
