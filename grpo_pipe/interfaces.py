@@ -39,9 +39,7 @@ class TaskSource(Protocol):
     system_prompt: str
 
     @property
-    def skipped(self) -> Sized:
-        """Rows of the source that could not be used (counted and logged, never fatal)."""
-        ...
+    def skipped(self) -> Sized: ...  # rows of the source that could not be used (counted and logged, never fatal)
 
     def train_tasks(self) -> Sequence[Task]: ...
 
@@ -74,29 +72,19 @@ class RolloutEngine(Protocol):
     def served_version(self, version: int) -> None: ...
 
     @property
-    def model_path(self) -> Path | None:
-        """The folder it was started on."""
-        ...
+    def model_path(self) -> Path | None: ...  # the folder it was started on
 
     @property
-    def weight_dtype(self) -> torch.dtype:
-        """The dtype it holds weights in (bridges convert before sending)."""
-        ...
+    def weight_dtype(self) -> torch.dtype: ...  # the dtype it holds weights in (bridges convert before sending)
 
     @property
-    def in_process(self) -> bool:
-        """True when the engine's model lives in this process."""
-        ...
+    def in_process(self) -> bool: ...  # true when the engine's model lives in this process
 
     @property
-    def max_model_len(self) -> int:
-        """Prompt + completion tokens one request may hold."""
-        ...
+    def max_model_len(self) -> int: ...  # prompt + completion tokens one request may hold
 
     @property
-    def enable_sleep_mode(self) -> bool:
-        """Whether `sleep` can free the engine's memory."""
-        ...
+    def enable_sleep_mode(self) -> bool: ...  # whether `sleep` can free the engine's memory
 
     def connect(self, model_path: Path, options: dict[str, Any] | None = None) -> None: ...
 
@@ -124,9 +112,7 @@ class InProcessModelEngine(Protocol):
     """An engine whose model lives in this process, so a bridge can hand it tensors directly."""
 
     @property
-    def in_process(self) -> bool:
-        """False when the same class was started in its own process."""
-        ...
+    def in_process(self) -> bool: ...  # false when the same class was started in its own process
 
     @property
     def weight_dtype(self) -> torch.dtype: ...
