@@ -112,7 +112,7 @@ def test_state_round_trips_ema_and_buckets() -> None:
 
 
 def test_yaml_defaults_build_the_curriculum(compose_cfg) -> None:
-    curriculum = build(compose_cfg(["curriculum=kde_buckets"]))["curriculum"]
+    curriculum = build(compose_cfg(["curriculum=kde_buckets"])).curriculum
     assert isinstance(curriculum, KdeBucketCurriculum)
     assert (curriculum.samples_per_prompt, curriculum.alpha, curriculum.ema_decay) == (4, 1.5, 0.7)
     assert curriculum.refit_every is None and curriculum.bandwidth == "scott"
