@@ -2,7 +2,8 @@
 
 Two tiers. The unit tier (`UNIT_MODULES`: logic, in-memory fakes of our own Protocols, seconds each) is the
 quick loop, `pytest -m "not slow"`; every other module is the integration tier (real vLLM, MLflow, Ray),
-marked `slow` here, and `pytest` runs both. A new module joins the unit tier by being listed below.
+marked `slow` here, and `pytest` runs both. A new module joins the unit tier by being listed below; a
+listed module marks its own integration tests `@pytest.mark.slow`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ TINY = [
 
 UNIT_MODULES = {
     "tests/test_recipe.py",
+    "tests/curriculum/test_kde_buckets.py",  # its one real job is marked slow in the module
     "tests/test_checkpointing.py",
     "tests/test_configs.py",
     "tests/rollout/test_scheduler_accounting.py",

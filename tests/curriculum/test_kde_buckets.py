@@ -123,6 +123,7 @@ def test_bad_settings_are_named() -> None:
         KdeBucketCurriculum(ema_decay=1.0)
 
 
+@pytest.mark.slow  # a real job: the integration tier
 def test_a_real_run_logs_the_cluster_report_to_mlflow(compose_cfg, tmp_path) -> None:
     cfg = compose_cfg(["curriculum=kde_buckets", "curriculum.prompts_per_step=4", "curriculum.samples_per_prompt=2",
                        "curriculum.refit_every=4", "trainer.steps=2"])
