@@ -69,6 +69,14 @@ class CheckpointManager:
         self.root = Path(self.directory) if self.directory else output_dir / "checkpoints"
         self.root.mkdir(parents=True, exist_ok=True)
 
+    def resume_in(self, root: Path) -> None:
+        """A resumed run keeps writing into the folder it was resumed from: one run, one checkpoint folder."""
+        self.root = root
+
+    def set_best(self, value: float | None) -> None:
+        """The best value so far, without an export (the untrained baseline, or a resumed run's)."""
+        self.best_value = value
+
     def due(self, step: int, last_step: int) -> bool:
         return step == last_step or (self.every > 0 and step % self.every == 0)
 

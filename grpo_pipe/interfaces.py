@@ -1,4 +1,4 @@
-"""The Protocols the pipeline runner talks to. Nothing else lives here.
+"""The Protocols the recipe talks to. Nothing else lives here.
 
 Each config group option builds one object that satisfies one of these. Construction is cheap and
 safe on any machine; heavy work (loading models, starting engines) happens in `connect`/`setup`.
@@ -6,7 +6,7 @@ safe on any machine; heavy work (loading models, starting engines) happens in `c
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -38,6 +38,9 @@ class TaskSource(Protocol):
 
     system_prompt: str
 
+    @property
+    def skipped(self) -> Sized: ...  # rows of the source that could not be used (counted and logged, never fatal)
+
     def train_tasks(self) -> Sequence[Task]: ...
 
     def eval_tasks(self) -> Sequence[Task]: ...
@@ -60,11 +63,28 @@ class RolloutEngine(Protocol):
     the new weights, one submitted before it uses the old ones. The async loop relies on this.
     """
 
-    served_version: int  # policy version of the weights the engine generates with
-    model_path: Path | None  # the folder it was started on
-    weight_dtype: torch.dtype  # the dtype it holds weights in (bridges convert before sending)
-    in_process: bool  # True when the engine's model lives in this process
-    max_model_len: int  # prompt + completion tokens one request may hold
+    @property
+    def served_version(self) -> int:
+        """Policy version of the weights the engine generates with (set by `bridges.contract.push_weights`)."""
+        ...
+
+    @served_version.setter
+    def served_version(self, version: int) -> None: ...
+
+    @property
+    def model_path(self) -> Path | None: ...  # the folder it was started on
+
+    @property
+    def weight_dtype(self) -> torch.dtype: ...  # the dtype it holds weights in (bridges convert before sending)
+
+    @property
+    def in_process(self) -> bool: ...  # true when the engine's model lives in this process
+
+    @property
+    def max_model_len(self) -> int: ...  # prompt + completion tokens one request may hold
+
+    @property
+    def enable_sleep_mode(self) -> bool: ...  # whether `sleep` can free the engine's memory
 
     def connect(self, model_path: Path, options: dict[str, Any] | None = None) -> None: ...
 
@@ -85,6 +105,21 @@ class RolloutEngine(Protocol):
     def wake_up(self) -> None: ...
 
     def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class InProcessModelEngine(Protocol):
+    """An engine whose model lives in this process, so a bridge can hand it tensors directly."""
+
+    @property
+    def in_process(self) -> bool: ...  # false when the same class was started in its own process
+
+    @property
+    def weight_dtype(self) -> torch.dtype: ...
+
+    def reload_weights(self, weights: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Load Hugging Face-named tensors into the live model (vLLM fuses qkv / gate_up itself)."""
+        ...
 
 
 @runtime_checkable
@@ -132,8 +167,22 @@ class Policy(Protocol):
 
 
 @runtime_checkable
+class AdapterPolicy(Protocol):
+    """A policy that trains a LoRA adapter on a frozen base, and can save the adapter alone."""
+
+    rank: int
+
+    def save_adapter(self, path: Path, dtype: torch.dtype | None = None) -> None: ...
+
+
+@runtime_checkable
 class WeightBridge(Protocol):
-    """Moves trained weights into the live engine."""
+    """Moves trained weights into the live engine.
+
+    The contract the caller keeps (`grpo_pipe.bridges.contract.push_weights`), so no bridge repeats it:
+    it pushes only every `sync_every` versions, times the whole sync and records the version the engine
+    serves afterwards. A bridge only moves the weights and reports the phases only it can see.
+    """
 
     sync_every: int
 
@@ -169,6 +218,10 @@ class Reward(Protocol):
 class Curriculum(Protocol):
     """Chooses which tasks to roll out next and how many samples each gets."""
 
+    def attach(self, tasks: Sequence[Task]) -> None:
+        """The train split to choose from; called once, before the first `next_batch`."""
+        ...
+
     def next_batch(self) -> list[tuple[Task, int]]: ...
 
     def update(self, uids: Sequence[str], rewards: Sequence[float]) -> Mapping[str, float]:
@@ -188,11 +241,11 @@ class Curriculum(Protocol):
 class Placement(Protocol):
     """Where the engine and the trainer live and how they hand the device to each other."""
 
+    sleep_level: int  # vLLM sleep level while the trainer runs; 0 = the engine keeps its memory
+
     def place(self, engine: RolloutEngine) -> RolloutEngine:
         """The engine the runner should use: `engine` itself, or a handle to copies of it placed elsewhere."""
         ...
-
-    def engine_needs_sleep_mode(self) -> bool: ...
 
     def trainer_device(self) -> torch.device:
         """Valid once the engine is connected (where engines went decides what is left)."""
@@ -208,8 +261,70 @@ class Placement(Protocol):
         """Replace engines that died (after a back-off), or raise when that is not possible or too often."""
         ...
 
+    def check(self, trainer: Any, bridge: Any) -> list[str]:
+        """What this machine or cluster cannot give the configured trainer and engines (GPUs, a reachable
+        Ray cluster, a trainer kind this placement cannot host); checked before anything loads."""
+        ...
+
     def close(self) -> None:
         """Release what `place` started (processes, actors)."""
+        ...
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """Owns the policy and its optimizer; one `step` = one optimizer update (advantages included)."""
+
+    steps: int  # optimizer steps the run is configured for
+    version: int  # bumped by every applied update: the policy version the engine should serve
+
+    @property
+    def policy(self) -> Policy: ...
+
+    def setup(self, model_path: Path, device: torch.device, pad_id: int) -> None:
+        """Load the policy on `device` and build the optimizer."""
+        ...
+
+    def step(self, groups: Sequence[RolloutGroup], rewards: Sequence[float], temperature: float) -> dict[str, float]:
+        """Group advantages from `rewards` ([N], group order), one update; returns metrics to log."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def close(self) -> None:
+        """Release what `setup` started beyond this process (a sharded trainer's rank actors)."""
+        ...
+
+
+@runtime_checkable
+class CheckpointStore(Protocol):
+    """Where whole training states and the best model so far are written."""
+
+    best_metric: str | None  # the evaluation metric that picks the best model (higher is better)
+    best_value: float | None
+
+    def attach(self, output_dir: Path) -> None:
+        """A new run: write under this run's output folder (or the configured directory)."""
+        ...
+
+    def resume_in(self, root: Path) -> None:
+        """A resumed run: keep writing into the checkpoint folder it was resumed from."""
+        ...
+
+    def set_best(self, value: float | None) -> None:
+        """The best value so far without an export (the untrained baseline, or a resumed run's)."""
+        ...
+
+    def due(self, step: int, last_step: int) -> bool: ...
+
+    def save(self, step: int, trainer_state: Mapping[str, Any], loop_state: Mapping[str, Any], config_yaml: str) -> Any:
+        """Write one checkpoint atomically; returns it (with its `path`)."""
+        ...
+
+    def consider_best(self, metrics: Mapping[str, float], export: Callable[[Path], None]) -> bool:
+        """Export a new `best/` through `export(folder)` if `metrics` beat the best so far."""
         ...
 
 

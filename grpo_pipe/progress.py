@@ -11,6 +11,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 log = logging.getLogger("grpo_pipe.progress")
 
 
+def format_metrics(metrics: Mapping[str, float]) -> str:
+    """`key=value, ...` with three decimals: the before/after-training log lines."""
+    return ", ".join(f"{k}={v:.3f}" for k, v in metrics.items())
+
+
 def summary_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
     return (
         f"step {step}/{total} | reward {metrics.get('train/reward/mean', float('nan')):.3f}"

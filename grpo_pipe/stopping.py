@@ -38,11 +38,7 @@ class StopRequest:
         self._interruptible = 0
         self._deadline: threading.Timer | None = None
 
-    @property
-    def requested(self) -> bool:
-        return self.reason is not None
-
-    def __enter__(self) -> Self:
+    def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():  # signals can only be caught there
             for signum in (signal.SIGINT, signal.SIGTERM):
                 self._previous[signum] = signal.signal(signum, self._handle)

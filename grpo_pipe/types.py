@@ -105,14 +105,16 @@ class SyncStats:
     pause_s: float  # time generation was unavailable
     bytes_moved: int
     policy_version: int  # version the engine serves afterwards
+    total_s: float | None = None  # wall time of the whole push, measured by the caller (bridges.contract)
 
     def as_metrics(self) -> dict[str, float]:
+        phases = self.gather_s + self.transport_s + self.load_s
         return {
             "sync/gather_s": self.gather_s,
             "sync/transport_s": self.transport_s,
             "sync/load_s": self.load_s,
             "sync/pause_s": self.pause_s,
-            "sync/total_s": self.gather_s + self.transport_s + self.load_s,
+            "sync/total_s": phases if self.total_s is None else self.total_s,
             "sync/bytes": float(self.bytes_moved),
             "sync/policy_version": float(self.policy_version),
         }
@@ -131,4 +133,10 @@ class SamplingSettings:
         """A seed per prompt (vLLM gives the n samples of a prompt seed, seed + 1, ...)."""
         if self.seed is None:
             return None
-        return (self.seed * 1_000_003 + index) * 4096 % 2**62
+        return derive_seed(self.seed, index) * 4096 % 2**62
+
+
+def derive_seed(seed: int, index: int) -> int:
+    """The seed of stream `index` (a batch, a prompt) of a run seeded with `seed`: distinct for distinct
+    indices, and a function of the two alone, so a resumed run draws exactly what the uninterrupted one did."""
+    return seed * 1_000_003 + index

@@ -1,4 +1,10 @@
-"""Shared fixtures: the real config composed from conf/, shrunk to the tiny model and a temp MLflow store."""
+"""Shared fixtures: the real config composed from conf/, shrunk to the tiny model and a temp MLflow store.
+
+Two tiers. The unit tier (`UNIT_MODULES`: logic, in-memory fakes of our own Protocols, seconds each) is the
+quick loop, `pytest -m "not slow"`; every other module is the integration tier (real vLLM, MLflow, Ray),
+marked `slow` here, and `pytest` runs both. A new module joins the unit tier by being listed below; a
+listed module marks its own integration tests `@pytest.mark.slow`.
+"""
 
 from __future__ import annotations
 
@@ -32,6 +38,27 @@ TINY = [
     "data.train_size=64",
     "data.eval_size=16",
 ]
+
+
+UNIT_MODULES = {
+    "tests/test_recipe.py",
+    "tests/curriculum/test_kde_buckets.py",  # its one real job is marked slow in the module
+    "tests/test_checkpointing.py",
+    "tests/test_configs.py",
+    "tests/rollout/test_scheduler_accounting.py",
+    "tests/trainer/test_loss.py",
+    "tests/rewards/test_answers.py",
+    "tests/rewards/test_correctness.py",
+    "tests/data/test_gsm8k.py",
+    "tests/data/test_reasoning_gym.py",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        module = item.path.relative_to(REPO).as_posix()
+        if module not in UNIT_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,4 +1,4 @@
-"""Benchmark: the same training, synchronous (`trainer.max_staleness=0`) and async (1, 2), in one run.
+"""Benchmark: the same training, synchronous (`rollout_scheduler.max_staleness=0`) and async (1, 2), in one run.
 
 Every variant trains the same number of steps on the same number of samples; the figure is the
 wall clock of the training loop per step (evaluation excluded) and its ratio to the synchronous one.
@@ -27,7 +27,7 @@ CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def run_variant(overrides: list[str], staleness: int, steps: int, out: Path, in_flight: bool = True) -> dict[str, Any]:
-    variant = [f"trainer.max_staleness={staleness}", f"trainer.steps={steps}", "logger=none",
+    variant = [f"rollout_scheduler.max_staleness={staleness}", f"trainer.steps={steps}", "logger=none",
                f"rollout.in_flight_updates={str(in_flight).lower()}"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[*overrides, *variant])

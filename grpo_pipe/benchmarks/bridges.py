@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from grpo_pipe.bridges.contract import CONF_DIR, configured_bridges, push_weights
 from grpo_pipe.models.random_architecture import benchmark_model
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.trainer.grpo import resolve_dtype
@@ -70,15 +71,18 @@ def _policy(kind: str, path: Path) -> Any:
     return policy
 
 
-def bench_bridge(name: str, path: Path, repeats: int) -> dict[str, Any]:
-    from grpo_pipe.bridges.broadcast import BroadcastBridge
-    from grpo_pipe.bridges.checkpoint_restart import CheckpointRestartBridge
-    from grpo_pipe.bridges.cuda_ipc import CudaIpcBridge
-    from grpo_pipe.bridges.lora_hotswap import LoraHotSwapBridge
-    from grpo_pipe.bridges.reload import ReloadBridge
+def _bridge(name: str) -> Any:
+    """The bridge as `weight_bridge=<name>` builds it, from its yaml (defaults included)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
 
-    bridge = {"reload": ReloadBridge, "lora": LoraHotSwapBridge, "ipc": CudaIpcBridge,
-              "nccl": BroadcastBridge, "checkpoint": CheckpointRestartBridge}[name]()
+    with initialize_config_dir(config_dir=str(CONF_DIR.parent), version_base="1.3"):
+        cfg = compose("config", overrides=[f"weight_bridge={name}"])
+    return instantiate(cfg.weight_bridge, _convert_="all")
+
+
+def bench_bridge(name: str, path: Path, repeats: int) -> dict[str, Any]:
+    bridge = _bridge(name)
     if name == "nccl" and ON_GPU and torch.cuda.device_count() < 2:
         return {"bridge": name, "skipped": "needs two GPUs (engine and trainer on different devices)"}
     policy = _policy("lora" if name == "lora" else "full", path)
@@ -98,7 +102,8 @@ def bench_bridge(name: str, path: Path, repeats: int) -> dict[str, Any]:
         memory = _memory_after_connect()
         version = iter(range(1, 10_000))
         # A checkpoint sync restarts the engine: two repeats are plenty to see its cost.
-        median_s, stats = timed(lambda: bridge.push(policy, next(version)), min(repeats, 2) if name == "checkpoint" else repeats)
+        repeats_here = min(repeats, 2) if name == "checkpoint" else repeats
+        median_s, stats = timed(lambda: push_weights(bridge, engine, policy, next(version)), repeats_here)
         weight_bytes = stats.bytes_moved if name == "lora" else sum(
             t.numel() * t.element_size() for _, t in policy.named_weights()
         )
@@ -157,7 +162,7 @@ def raw_broadcast(bridge: Any, nbytes: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="tiny,smollm2-135m")
-    parser.add_argument("--bridges", default="reload,lora,nccl,checkpoint")
+    parser.add_argument("--bridges", default=",".join(configured_bridges()), help="options of conf/weight_bridge/")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     args = parser.parse_args()

@@ -50,9 +50,9 @@ def prompts_and_sampling(cfg: DictConfig, count: int, max_tokens: int) -> tuple[
     from transformers import AutoTokenizer
 
     parts = build(cfg)
-    path = parts["model"].materialize()
+    path = parts.model.materialize()
     tokenizer = AutoTokenizer.from_pretrained(path)
-    data, settings = parts["data"], parts["run"]
+    data, settings = parts.data, parts.run
     tasks = list(data.train_tasks())[:count]
     if len(tasks) < count:
         raise SystemExit(f"--prompts {count}: the data has only {len(tasks)} training tasks")

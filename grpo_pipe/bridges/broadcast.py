@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 
 from grpo_pipe.bridges.collective import broadcast, host_store, open_group, pack, plan_buckets
+from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.interfaces import Policy, WorkerRpcEngine
 from grpo_pipe.types import SyncStats
 
@@ -56,9 +57,9 @@ class BroadcastBridge:
         host: str = "127.0.0.1",
         timeout_s: float = 120.0,
     ) -> None:
-        if sync_every < 1 or bucket_mb < 1:
-            raise ValueError(f"weight_bridge.sync_every={sync_every} and bucket_mb={bucket_mb} must be >= 1")
-        self.sync_every = sync_every
+        if bucket_mb < 1:
+            raise ValueError(f"weight_bridge.bucket_mb={bucket_mb}: must be >= 1")
+        self.sync_every = check_sync_every(sync_every)
         self.backend = backend
         self.bucket_bytes = bucket_mb * 2**20
         self.host = host
@@ -116,7 +117,6 @@ class BroadcastBridge:
         reports = receiving.wait(self.timeout_s)  # one per engine worker
         engine.after_external_weight_update()
         done = time.perf_counter()
-        engine.served_version = version
         return SyncStats(
             gather_s=gathered - started,
             transport_s=sent - gathered,

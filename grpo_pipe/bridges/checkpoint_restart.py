@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.files import copy_tokenizer_files, folder_bytes, replace_atomically
 from grpo_pipe.interfaces import Policy, RolloutEngine
 from grpo_pipe.types import SyncStats
@@ -18,9 +19,9 @@ from grpo_pipe.types import SyncStats
 
 class CheckpointRestartBridge:
     def __init__(self, sync_every: int = 1, keep_last: int = 1, directory: str | None = None) -> None:
-        if sync_every < 1 or keep_last < 1:
-            raise ValueError(f"weight_bridge.sync_every={sync_every} and keep_last={keep_last} must be >= 1")
-        self.sync_every = sync_every
+        if keep_last < 1:
+            raise ValueError(f"weight_bridge.keep_last={keep_last}: must be >= 1")
+        self.sync_every = check_sync_every(sync_every)
         self.keep_last = keep_last
         self.directory = directory
         self.engine: RolloutEngine | None = None
@@ -59,7 +60,6 @@ class CheckpointRestartBridge:
         self.engine.shutdown()
         self.engine.connect(folder)
         restarted = time.perf_counter()
-        self.engine.served_version = version
         self._written.append(folder)
         while len(self._written) > self.keep_last:
             shutil.rmtree(self._written.pop(0), ignore_errors=True)

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.shared_memory import engine_views, open_handle
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.trainer.policy import FullFinetunePolicy
@@ -33,9 +34,7 @@ def _engine_model(worker: Any) -> Any:
 
 class CudaIpcBridge:
     def __init__(self, sync_every: int = 1) -> None:
-        if sync_every < 1:
-            raise ValueError(f"weight_bridge.sync_every={sync_every}: must be >= 1")
-        self.sync_every = sync_every
+        self.sync_every = check_sync_every(sync_every)
         self.engine: VllmEngine | None = None
         self.shared_bytes = 0
         self._engine_tensors: dict[str, torch.Tensor] = {}  # keeps the mapped engine storage open
@@ -106,7 +105,6 @@ class CudaIpcBridge:
         started = time.perf_counter()
         torch.cuda.synchronize()  # the optimizer's in-place writes are done before generation resumes
         self.engine.after_external_weight_update()
-        self.engine.served_version = version
         elapsed = time.perf_counter() - started
         return SyncStats(gather_s=0.0, transport_s=0.0, load_s=0.0, pause_s=elapsed, bytes_moved=0, policy_version=version)
 

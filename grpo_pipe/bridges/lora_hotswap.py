@@ -15,19 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from grpo_pipe import env
+from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.files import folder_bytes, replace_atomically
-from grpo_pipe.interfaces import AdapterEngine
-from grpo_pipe.trainer.policy import LoraPolicy
+from grpo_pipe.interfaces import AdapterEngine, AdapterPolicy
 from grpo_pipe.types import SyncStats
 
 
 class LoraHotSwapBridge:
     def __init__(self, sync_every: int = 1, max_lora_rank: int = 16, max_loras: int = 2) -> None:
-        if sync_every < 1:
-            raise ValueError(f"weight_bridge.sync_every={sync_every}: must be >= 1")
         if max_loras < 2:
             raise ValueError(f"weight_bridge.max_loras={max_loras}: must be >= 2 (the old and the new adapter)")
-        self.sync_every = sync_every
+        self.sync_every = check_sync_every(sync_every)
         self.max_lora_rank = max_lora_rank
         self.max_loras = max_loras
         self.engine: Any = None
@@ -38,7 +36,7 @@ class LoraHotSwapBridge:
         problems = []
         if not isinstance(engine, AdapterEngine):
             problems.append(f"weight_bridge=lora needs an engine that serves LoRA adapters, got {type(engine).__name__}")
-        if not isinstance(policy, LoraPolicy):
+        if not isinstance(policy, AdapterPolicy):
             problems.append(f"weight_bridge=lora needs policy=lora, got {type(policy).__name__}")
         elif policy.rank > self.max_lora_rank:
             problems.append(f"policy.rank={policy.rank} > weight_bridge.max_lora_rank={self.max_lora_rank}")
@@ -52,7 +50,7 @@ class LoraHotSwapBridge:
         # RAM-backed when possible: the adapter is written and read back once per sync.
         self._root = Path(tempfile.mkdtemp(prefix="grpo_pipe-lora-", dir=env.fast_scratch_dir()))
 
-    def push(self, policy: LoraPolicy, version: int) -> SyncStats:
+    def push(self, policy: AdapterPolicy, version: int) -> SyncStats:
         if self.engine is None or self._root is None:
             raise RuntimeError("bridge used before connect()")
         started = time.perf_counter()
@@ -79,7 +77,6 @@ class LoraHotSwapBridge:
             self.engine.retire_adapter(old)
             shutil.rmtree(self._root / f"v{old}", ignore_errors=True)
         self._live = [version]
-        self.engine.served_version = version
 
     def close(self) -> None:
         if self._root is not None:

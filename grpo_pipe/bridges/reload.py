@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from grpo_pipe.bridges.collective import plan_buckets
+from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.shared_memory import SharedBuckets
 from grpo_pipe.interfaces import Policy
 from grpo_pipe.rollout.vllm_engine import VllmEngine
@@ -29,9 +30,9 @@ log = logging.getLogger(__name__)
 
 class ReloadBridge:
     def __init__(self, sync_every: int = 1, bucket_mb: int = 1024) -> None:
-        if sync_every < 1 or bucket_mb < 1:
-            raise ValueError(f"weight_bridge.sync_every={sync_every} and bucket_mb={bucket_mb} must be >= 1")
-        self.sync_every = sync_every
+        if bucket_mb < 1:
+            raise ValueError(f"weight_bridge.bucket_mb={bucket_mb}: must be >= 1")
+        self.sync_every = check_sync_every(sync_every)
         self.bucket_bytes = bucket_mb * 2**20
         self.engine: VllmEngine | None = None
         self._buckets: SharedBuckets | None = None
@@ -53,7 +54,7 @@ class ReloadBridge:
     def engine_options(self) -> dict[str, Any]:
         return {}
 
-    def connect(self, engine: VllmEngine, policy: Policy) -> None:
+    def connect(self, engine: InProcessModelEngine, policy: Policy) -> None:
         self.engine = engine
         if engine.in_process:
             return
@@ -81,7 +82,6 @@ class ReloadBridge:
             self.engine.call_workers("grpo_load_shared")
             nbytes = self._buckets.nbytes
         loaded = time.perf_counter()
-        self.engine.served_version = version
         return SyncStats(
             gather_s=gathered - started,
             transport_s=0.0,

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from grpo_pipe.curriculum.buckets import Bandwidth, Bucket, BucketFit, bucket_index, fit_buckets, rollouts_for
+from grpo_pipe.curriculum.passes import ShuffledPasses
 from grpo_pipe.curriculum.report import render_text, write_report
 from grpo_pipe.types import Task
 
@@ -60,10 +61,7 @@ class KdeBucketCurriculum:
         self.refit_every = refit_every
         self.bandwidth = bandwidth
         self.seed = seed
-        self.tasks: list[Task] = []
-        self.pass_index = 0  # shuffled passes over the split
-        self.position = 0
-        self._order: np.ndarray = np.zeros(0, dtype=np.int64)
+        self.passes = ShuffledPasses(seed)
         self.ema: dict[str, float] = {}  # task uid -> smoothed reward
         self.epoch = 0  # bucket fits done
         self.prompts_since_fit = 0
@@ -83,15 +81,12 @@ class KdeBucketCurriculum:
         neither favoured nor starved until there is evidence."""
         return rollouts_for(0.5, self.samples_per_prompt, self.alpha)
 
-    def attach(self, tasks: Sequence[Task]) -> None:
-        if not tasks:
-            raise ValueError("the train split is empty (check data.* settings and the skipped-row warnings)")
-        self.tasks = list(tasks)
-        self._order = self._permutation(self.pass_index)
+    @property
+    def tasks(self) -> list[Task]:
+        return self.passes.tasks
 
-    def _permutation(self, pass_index: int) -> np.ndarray:
-        # Derived from (seed, pass) alone, so a resumed run sees exactly the same order.
-        return np.random.default_rng([self.seed, pass_index]).permutation(len(self.tasks))
+    def attach(self, tasks: Sequence[Task]) -> None:
+        self.passes.attach(tasks)
 
     def samples_for(self, uid: str) -> int:
         if uid not in self.ema or not self.buckets:
@@ -99,15 +94,7 @@ class KdeBucketCurriculum:
         return self.buckets[bucket_index(self.boundaries, self.ema[uid])].rollouts
 
     def next_batch(self) -> list[tuple[Task, int]]:
-        batch = []
-        for _ in range(self.prompts_per_step):
-            if self.position >= len(self._order):
-                self.pass_index += 1
-                self.position = 0
-                self._order = self._permutation(self.pass_index)
-            task = self.tasks[int(self._order[self.position])]
-            batch.append((task, self.samples_for(task.uid)))
-            self.position += 1
+        batch = [(task, self.samples_for(task.uid)) for task in self.passes.take(self.prompts_per_step)]
         self.prompts_since_fit += len(batch)
         self._last_samples = [n for _, n in batch]
         return batch
@@ -150,8 +137,8 @@ class KdeBucketCurriculum:
 
     def state_dict(self) -> dict[str, Any]:
         return {
-            "pass_index": self.pass_index,
-            "position": self.position,
+            "pass_index": self.passes.pass_index,
+            "position": self.passes.position,
             "ema": dict(self.ema),
             "epoch": self.epoch,
             "prompts_since_fit": self.prompts_since_fit,
@@ -160,12 +147,9 @@ class KdeBucketCurriculum:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.pass_index = int(state["pass_index"])
-        self.position = int(state["position"])
+        self.passes.restore(int(state["pass_index"]), int(state["position"]))
         self.ema = {str(uid): float(v) for uid, v in state["ema"].items()}
         self.epoch = int(state["epoch"])
         self.prompts_since_fit = int(state["prompts_since_fit"])
         self.boundaries = [float(b) for b in state["boundaries"]]
         self.buckets = [Bucket(**b) for b in state["buckets"]]
-        if self.tasks:
-            self._order = self._permutation(self.pass_index)

@@ -6,8 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from grpo_pipe.curriculum.passes import ShuffledPasses
 from grpo_pipe.types import Task
 
 
@@ -21,31 +20,13 @@ class UniformCurriculum:
         self.prompts_per_step = prompts_per_step
         self.samples_per_prompt = samples_per_prompt
         self.seed = seed
-        self.tasks: list[Task] = []
-        self.epoch = 0
-        self.position = 0
-        self._order: np.ndarray = np.zeros(0, dtype=np.int64)
+        self.passes = ShuffledPasses(seed)
 
     def attach(self, tasks: Sequence[Task]) -> None:
-        if not tasks:
-            raise ValueError("the train split is empty (check data.* settings and the skipped-row warnings)")
-        self.tasks = list(tasks)
-        self._order = self._permutation(self.epoch)
-
-    def _permutation(self, epoch: int) -> np.ndarray:
-        # Derived from (seed, epoch) alone, so a resumed run sees exactly the same order.
-        return np.random.default_rng([self.seed, epoch]).permutation(len(self.tasks))
+        self.passes.attach(tasks)
 
     def next_batch(self) -> list[tuple[Task, int]]:
-        batch = []
-        for _ in range(self.prompts_per_step):
-            if self.position >= len(self._order):
-                self.epoch += 1
-                self.position = 0
-                self._order = self._permutation(self.epoch)
-            batch.append((self.tasks[int(self._order[self.position])], self.samples_per_prompt))
-            self.position += 1
-        return batch
+        return [(task, self.samples_per_prompt) for task in self.passes.take(self.prompts_per_step)]
 
     def update(self, uids: Sequence[str], rewards: Sequence[float]) -> dict[str, float]:
         return {}
@@ -54,10 +35,7 @@ class UniformCurriculum:
         return []  # nothing to report: every task is treated alike
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "position": self.position}
+        return {"epoch": self.passes.pass_index, "position": self.passes.position}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.epoch = int(state["epoch"])
-        self.position = int(state["position"])
-        if self.tasks:
-            self._order = self._permutation(self.epoch)
+        self.passes.restore(int(state["epoch"]), int(state["position"]))

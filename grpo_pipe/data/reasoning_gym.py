@@ -35,7 +35,7 @@ class ReasoningGymTasks:
         self.seed = seed
         self.difficulty = dict(difficulty or {})
         self.system_prompt = system_prompt
-        self.skipped: list[str] = []  # generated tasks are never malformed
+        self.skipped: tuple[str, ...] = ()  # generated tasks are never malformed (TaskSource.skipped)
         self._train: list[Task] | None = None
         self._eval: list[Task] | None = None
 

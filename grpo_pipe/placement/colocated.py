@@ -36,9 +36,6 @@ class ColocatedPlacement:
     def trainer_device(self) -> torch.device:
         return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
-    def engine_needs_sleep_mode(self) -> bool:
-        return self.sleep_level > 0
-
     def before_rollout(self, engine: RolloutEngine) -> None:
         self._wake(engine)
 

@@ -1,7 +1,7 @@
 """Engine and trainer apart: every engine replica runs in its own Ray actor on its own device(s)
 (on a CPU machine: its own process and CPU threads); the trainer keeps this process and a GPU that
 no replica got. Nothing sleeps, since neither side needs the other's memory; the two overlap in
-time when the async loop lets generation run ahead of training (`trainer.max_staleness`).
+time when the async loop lets generation run ahead of training (`rollout_scheduler.max_staleness`).
 
 Ray is the process and cluster manager here: it starts, places and stops the replicas, on this
 machine (a local Ray instance bound to 127.0.0.1, no dashboard) or on a cluster (`ray_address`).
@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 
 class SplitPlacement:
+    sleep_level = 0  # the replicas own their devices: nothing needs to sleep
+
     def __init__(
         self,
         num_engines: int = 1,
@@ -91,9 +93,6 @@ class SplitPlacement:
                 torch.cuda.device_count() if cuda else 0,
             )
         return problems
-
-    def engine_needs_sleep_mode(self) -> bool:
-        return False
 
     def trainer_device(self) -> torch.device:
         """A GPU no replica was given (valid once the engines are up), else the CPU."""

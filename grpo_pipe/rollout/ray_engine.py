@@ -117,6 +117,10 @@ class RayEngineFleet:
         return self.template.weight_dtype
 
     @property
+    def enable_sleep_mode(self) -> bool:
+        return self.template.enable_sleep_mode
+
+    @property
     def served_version(self) -> int:
         return self._version
 

@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 from grpo_pipe.interfaces import PendingRollout, RolloutEngine
 from grpo_pipe.stopping import GenerationInterrupted
-from grpo_pipe.types import GeneratedBatch, RolloutGroup, SamplingSettings, Task
+from grpo_pipe.types import GeneratedBatch, RolloutGroup, SamplingSettings, Task, derive_seed
 
 StalePolicy = Literal["pace", "drop"]
 log = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ class RolloutScheduler:
         overlong_prompts: Literal["skip", "truncate"] = "skip",
     ) -> None:
         if stale_policy not in ("pace", "drop"):
-            raise ValueError(f"trainer.stale_policy={stale_policy!r}; allowed: 'pace', 'drop'")
+            raise ValueError(f"rollout_scheduler.stale_policy={stale_policy!r}; allowed: 'pace', 'drop'")
         self.engine = engine
         self.next_batch = next_batch
         self.render = render
@@ -223,7 +223,7 @@ class RolloutScheduler:
         # samples exactly what the uninterrupted one would have, whatever the engine did before.
         if self.sampling.seed is None:
             return self.sampling
-        return replace(self.sampling, seed=self.sampling.seed * 1_000_003 + index)
+        return replace(self.sampling, seed=derive_seed(self.sampling.seed, index))
 
     def take(self, trainer_version: int) -> TakenBatch:
         """The oldest batch in flight (blocks until it is generated). Call `fill` first."""
@@ -247,7 +247,7 @@ class RolloutScheduler:
             lag = trainer_version - min(c.policy_version for c in completions)
             if lag > self.max_staleness:
                 if self.stale_policy == "pace":  # the submit rule makes this impossible: a bug, not data
-                    raise RuntimeError(f"staleness {lag} > trainer.max_staleness={self.max_staleness} under pace")
+                    raise RuntimeError(f"staleness {lag} > rollout_scheduler.max_staleness={self.max_staleness} under pace")
                 dropped.append((task.uid, lag))
                 reason = f"staleness {lag} > max_staleness {self.max_staleness}"
                 self.ledger.dropped[reason] = self.ledger.dropped.get(reason, 0) + 1

@@ -11,11 +11,12 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 from grpo_pipe import env
+from grpo_pipe.dtypes import DTYPES, DtypeName
 from grpo_pipe.rollout import vllm_fixes
 from grpo_pipe.rollout.in_flight import InFlightLog, InFlightUpdates
 from grpo_pipe.rollout.telemetry import request_telemetry, spec_acceptance
@@ -69,7 +70,7 @@ class VllmEngine:
 
     def __init__(
         self,
-        dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+        dtype: DtypeName = "auto",
         max_model_len: int = 1024,
         kv_cache_gib: float = 1.0,
         gpu_memory_utilization: float = 0.35,
@@ -182,7 +183,7 @@ class VllmEngine:
     @property
     def weight_dtype(self) -> torch.dtype:
         """The dtype the engine holds weights in (bridges convert before sending)."""
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self._resolved_dtype()]
+        return DTYPES[self._resolved_dtype()]
 
     def _resolved_dtype(self) -> str:
         # bf16 generation is ~1.7x faster on CPUs with native bf16 units; elsewhere fp32 is faster.

@@ -22,6 +22,7 @@ import torch
 
 from grpo_pipe.checkpointing import restore_rng, rng_state
 from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.dtypes import DTYPES, DtypeName
 from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_logprobs, flatten
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.schedule import warmup_schedule
@@ -54,7 +55,7 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     """`auto` = bf16 on GPU, fp32 on CPU (bf16 matmuls on CPU are slow and inexact)."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    return DTYPES[name]
 
 
 class GRPOTrainer:
@@ -72,10 +73,8 @@ class GRPOTrainer:
         grad_clip: float = 1.0,
         micro_batch_size: int = 8,
         updates_per_batch: int = 1,
-        dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",
+        dtype: DtypeName = "auto",
         max_bad_steps: int = 3,
-        max_staleness: int = 0,
-        stale_policy: Literal["pace", "drop"] = "pace",
         skip_zero_advantage: bool = True,
     ) -> None:
         checks = [
@@ -85,7 +84,6 @@ class GRPOTrainer:
             (micro_batch_size >= 1, f"trainer.micro_batch_size={micro_batch_size}: must be >= 1"),
             (updates_per_batch >= 1, f"trainer.updates_per_batch={updates_per_batch}: must be >= 1 (GRPO's mu)"),
             (max_bad_steps >= 1, f"trainer.max_bad_steps={max_bad_steps}: must be >= 1"),
-            (max_staleness >= 0, f"trainer.max_staleness={max_staleness}: must be >= 0 (0 = on-policy, the synchronous loop)"),
         ]
         problems = [message for ok, message in checks if not ok]
         if problems:
@@ -101,9 +99,6 @@ class GRPOTrainer:
         self.updates_per_batch = updates_per_batch
         self.dtype_name = dtype
         self.max_bad_steps = max_bad_steps
-        # Read by the runner's rollout scheduler: how far generation may run ahead of training.
-        self.max_staleness = max_staleness
-        self.stale_policy = stale_policy
         self.skip_zero_advantage = skip_zero_advantage
         self.version = 0  # bumped by every step that applied at least one optimizer update
         self.bad_steps_in_a_row = 0
@@ -121,6 +116,9 @@ class GRPOTrainer:
             self.policy.keep_reference()
         self.optimizer = self.optimizer_factory(self.policy.trainable_parameters(), lr=self.lr)
         self.scheduler = self.schedule_factory(self.optimizer, self.steps * self.updates_per_batch)
+
+    def close(self) -> None:
+        """Nothing outside this process to release."""
 
     def state_dict(self) -> dict[str, Any]:
         """Everything an exact resume needs: trainable weights, optimizer, LR schedule, counters, RNG."""

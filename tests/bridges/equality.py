@@ -15,6 +15,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from transformers import AutoTokenizer
 
+from grpo_pipe.bridges.contract import push_weights
 from grpo_pipe.bridges.files import copy_tokenizer_files
 from grpo_pipe.pipeline import build
 from grpo_pipe.prompts import render_prompt
@@ -33,14 +34,14 @@ def train_sync_and_compare(
     """`fresh_from="adapter"`: the fresh engine loads the base model plus the trainer's saved LoRA adapter
     (in bf16 an unmerged adapter is not bitwise equal to merged weights); "merged": one full checkpoint."""
     parts = build(cfg)
-    engine, trainer, bridge, data = parts["rollout"], parts["trainer"], parts["weight_bridge"], parts["data"]
-    model_path = parts["model"].materialize()
+    engine, trainer, bridge, data = parts.rollout, parts.trainer, parts.weight_bridge, parts.data
+    model_path = parts.model.materialize()
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tasks = data.train_tasks()[:6]
     prompts = [render_prompt(tokenizer, data.system_prompt, t) for t in tasks]
     engine.connect(model_path, bridge.engine_options())
     try:
-        trainer.setup(model_path, parts["placement"].trainer_device(), pad_id=tokenizer.pad_token_id)
+        trainer.setup(model_path, parts.placement.trainer_device(), pad_id=tokenizer.pad_token_id)
         bridge.connect(engine, trainer.policy)
         before = greedy(engine, prompts)
         rng = random.Random(0)
@@ -51,7 +52,7 @@ def train_sync_and_compare(
             rewards = [rng.choice([0.0, 1.0]) for g in groups for _ in g.completions]
             metrics = trainer.step(groups, rewards, temperature=1.0)
             assert metrics["train/update_applied"] == 1.0 and metrics["train/active_samples"] > 0
-        stats = bridge.push(trainer.policy, trainer.version)
+        stats = push_weights(bridge, engine, trainer.policy, trainer.version)
         assert stats.policy_version == trainer.version == engine.served_version == 2
         live = greedy(engine, prompts)
         if fresh_from == "adapter":
@@ -64,8 +65,8 @@ def train_sync_and_compare(
     finally:
         bridge.close()
         engine.shutdown()
-        getattr(trainer, "close", lambda: None)()
-        parts["placement"].close()
+        getattr(parts.trainer, "close", lambda: None)()
+        parts.placement.close()
     fresh_engine = instantiate(cfg.rollout, _convert_="all")
     # The reference engine always runs in this process: same weights, same kernels, no process start-up.
     fresh_engine.in_process, fresh_engine.device_ids = True, None

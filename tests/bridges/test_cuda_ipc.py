@@ -42,9 +42,9 @@ def test_ipc_keeps_one_copy_of_the_weights(compose_cfg) -> None:
     from grpo_pipe.pipeline import build
 
     parts = build(compose_cfg(GPU))
-    engine, trainer, bridge = parts["rollout"], parts["trainer"], parts["weight_bridge"]
+    engine, trainer, bridge = parts.rollout, parts.trainer, parts.weight_bridge
     assert engine.in_process is False  # the GPU default: the engine's storage lives in another process
-    path = parts["model"].materialize()
+    path = parts.model.materialize()
     engine.connect(path, bridge.engine_options())
     try:
         trainer.setup(path, torch.device("cuda"), pad_id=AutoTokenizer.from_pretrained(path).pad_token_id)

@@ -1,5 +1,6 @@
 """Bad config fails fast, before any model loads, naming the key and what is allowed."""
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -61,8 +62,8 @@ def test_null_nested_component_is_reported(compose_cfg) -> None:
 
 def test_the_default_config_validates(compose_cfg) -> None:
     parts = build(compose_cfg(tiny=False))
-    assert set(VALIDATED_GROUPS) - {"policy", "loss", "optimizer"} <= set(parts)
-    assert parts["trainer"].loss.max_tokens == 64  # Dr.GRPO's constant defaults to run.max_new_tokens
+    assert set(VALIDATED_GROUPS) - {"policy", "loss", "optimizer"} <= {f.name for f in dataclasses.fields(parts)}
+    assert parts.trainer.loss.max_tokens == 64  # Dr.GRPO's constant defaults to run.max_new_tokens
 
 
 @pytest.mark.parametrize("key", ["run.max_new_tokens", "run.eval_max_new_tokens"])
@@ -98,7 +99,7 @@ def test_cross_field_file_and_constructor_problems_come_in_one_list(compose_cfg)
 
 @pytest.mark.parametrize("loss", ["grpo", "dr_grpo", "dapo"])
 def test_every_loss_preset_builds(compose_cfg, loss: str) -> None:
-    assert type(build(compose_cfg([f"loss={loss}"]))["trainer"].loss).__name__ == "GRPOLoss"
+    assert type(build(compose_cfg([f"loss={loss}"])).trainer.loss).__name__ == "GRPOLoss"
 
 
 @pytest.mark.parametrize(

@@ -112,7 +112,7 @@ def test_state_round_trips_ema_and_buckets() -> None:
 
 
 def test_yaml_defaults_build_the_curriculum(compose_cfg) -> None:
-    curriculum = build(compose_cfg(["curriculum=kde_buckets"]))["curriculum"]
+    curriculum = build(compose_cfg(["curriculum=kde_buckets"])).curriculum
     assert isinstance(curriculum, KdeBucketCurriculum)
     assert (curriculum.samples_per_prompt, curriculum.alpha, curriculum.ema_decay) == (4, 1.5, 0.7)
     assert curriculum.refit_every is None and curriculum.bandwidth == "scott"
@@ -123,6 +123,7 @@ def test_bad_settings_are_named() -> None:
         KdeBucketCurriculum(ema_decay=1.0)
 
 
+@pytest.mark.slow  # a real job: the integration tier
 def test_a_real_run_logs_the_cluster_report_to_mlflow(compose_cfg, tmp_path) -> None:
     cfg = compose_cfg(["curriculum=kde_buckets", "curriculum.prompts_per_step=4", "curriculum.samples_per_prompt=2",
                        "curriculum.refit_every=4", "trainer.steps=2"])

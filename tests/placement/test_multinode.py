@@ -38,7 +38,7 @@ def test_two_node_cluster_trains_on_two_ranks_and_syncs_two_replicas(compose_cfg
     nodes: set[str] = set()
 
     def where_everything_ran(parts: dict) -> None:
-        actors = parts["placement"]._actors + parts["trainer"].workers
+        actors = parts.placement._actors + parts.trainer.workers
         nodes.update(ray.get([a.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()) for a in actors]))
 
     stats = train_sync_and_compare(cfg, tmp_path / "saved", before_close=where_everything_ran)

@@ -11,6 +11,7 @@ import torch
 from mlflow.tracking import MlflowClient
 from transformers import AutoTokenizer
 
+from grpo_pipe.bridges.contract import push_weights
 from grpo_pipe.config.validate import ConfigError
 from grpo_pipe.pipeline import JobContext, build, run
 from grpo_pipe.types import SamplingSettings
@@ -42,7 +43,7 @@ def test_nccl_over_gloo_into_two_actor_engines_equals_a_fresh_engine(compose_cfg
 
 
 def test_async_split_run_stays_within_the_bound_and_trains_every_group(compose_cfg, tmp_path) -> None:
-    cfg = compose_cfg(["placement=split", "weight_bridge=nccl", "trainer.steps=4", "trainer.max_staleness=1",
+    cfg = compose_cfg(["placement=split", "weight_bridge=nccl", "trainer.steps=4", "rollout_scheduler.max_staleness=1",
                        "loss.is_cap=2.0"])
     result = run(cfg, JobContext(output_dir=tmp_path, run_name="split"))
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
@@ -61,7 +62,7 @@ def test_async_split_run_stays_within_the_bound_and_trains_every_group(compose_c
 
 def test_drop_policy_discards_too_stale_groups_and_accounts_for_each(compose_cfg, tmp_path) -> None:
     cfg = compose_cfg(["placement=split", "weight_bridge=checkpoint", "trainer.steps=3",
-                       "trainer.max_staleness=0", "trainer.stale_policy=drop"])
+                       "rollout_scheduler.max_staleness=0", "rollout_scheduler.stale_policy=drop"])
     result = run(cfg, JobContext(output_dir=tmp_path, run_name="drop"))
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     assert all(s == 0.0 for s in _history(client, result.run_id, "async/staleness_max"))
@@ -79,13 +80,13 @@ def test_a_broadcast_mid_generation_reaches_the_actor_engine_between_two_steps(c
     actor's updates group, lands between two engine steps, and running samples continue on the new
     weights with the switch recorded at the exact token (checked against the same seeded run)."""
     parts = build(compose_cfg(["placement=split", "weight_bridge=nccl"]))
-    engine, trainer, bridge = parts["rollout"], parts["trainer"], parts["weight_bridge"]
-    model_path = parts["model"].materialize()
+    engine, trainer, bridge = parts.rollout, parts.trainer, parts.weight_bridge
+    model_path = parts.model.materialize()
     prompts = [[3 + (11 * i + 5 * j) % 400 for j in range(24)] for i in range(6)]
     sampling = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=400, seed=5)
     engine.connect(model_path, bridge.engine_options())
     try:
-        trainer.setup(model_path, parts["placement"].trainer_device(),
+        trainer.setup(model_path, parts.placement.trainer_device(),
                       pad_id=AutoTokenizer.from_pretrained(model_path).pad_token_id)
         bridge.connect(engine, trainer.policy)
         before = engine.generate(prompts, [2] * len(prompts), sampling)  # version 0 throughout
@@ -100,13 +101,13 @@ def test_a_broadcast_mid_generation_reaches_the_actor_engine_between_two_steps(c
             time.sleep(0.002)
         assert engine.generating() == [True]  # ... and beside a running generation
         time.sleep(0.3)  # some engine steps in (a push before the first step would make every sample new)
-        stats = bridge.push(trainer.policy, 1)
+        stats = push_weights(bridge, engine, trainer.policy, 1)
         during = pending.result().completions
         after = engine.generate(prompts, [2] * len(prompts), sampling)
     finally:
         bridge.close()
         engine.shutdown()
-        parts["placement"].close()
+        parts.placement.close()
     assert stats.policy_version == 1 == engine.served_version and stats.bytes_moved > 0
     pairs = [(b, d) for bg, dg in zip(before, during) for b, d in zip(bg, dg)]
     split = [(b, d) for b, d in pairs if d.version_switches]
@@ -132,7 +133,7 @@ def _kill_engine_when(path, done: threading.Event) -> None:
 
 
 def test_a_killed_engine_actor_is_restarted_resynced_and_nothing_is_lost(compose_cfg, tmp_path) -> None:
-    cfg = compose_cfg(["placement=split", "weight_bridge=checkpoint", "trainer.steps=4", "trainer.max_staleness=1",
+    cfg = compose_cfg(["placement=split", "weight_bridge=checkpoint", "trainer.steps=4", "rollout_scheduler.max_staleness=1",
                        "checkpoint.every=1", "placement.restart_backoff_s=0.1"])
     done = threading.Event()
     killer = threading.Thread(target=_kill_engine_when, args=(tmp_path / "checkpoints" / "step-000002", done))

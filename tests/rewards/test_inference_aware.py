@@ -135,7 +135,7 @@ def test_every_term_from_a_real_ngram_run(ngram_engine: VllmEngine) -> None:
 def test_yaml_composes_the_task_reward_and_passes_the_speculation_on(compose_cfg) -> None:
     speculation = "rollout.speculative_config={method: ngram, num_speculative_tokens: 3}"
     cfg = compose_cfg(["reward=inference_aware", speculation])
-    reward = build(cfg)["reward"]
+    reward = build(cfg).reward
     assert isinstance(reward, InferenceAwareReward) and isinstance(reward.task_score, CorrectnessReward)
     assert reward.weights == {"latency_ms": -0.001, "generated_tokens": -0.001, "kv_memory_mb": -0.01,
                               "spec_accept_rate": 1.0, "cache_reuse": 0.5}

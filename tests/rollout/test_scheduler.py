@@ -32,7 +32,7 @@ def test_generation_order_follows_the_staleness_bound(compose_cfg, tmp_path, max
     """max_staleness=0 is the synchronous loop: step s trains on samples of version s-1 exactly.
     With 1, generation may run one version ahead: step s trains on version s-2 or s-1 (which one depends
     on whether the engine began the batch before the next push: timing, so only the bound is asserted)."""
-    cfg = compose_cfg(["trainer.steps=4", f"trainer.max_staleness={max_staleness}"])
+    cfg = compose_cfg(["trainer.steps=4", f"rollout_scheduler.max_staleness={max_staleness}"])
     result = run(cfg, JobContext(output_dir=tmp_path, run_name="order"))
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     low = _history(client, result.run_id, "rollout/policy_version_min")

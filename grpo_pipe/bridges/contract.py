@@ -1,0 +1,44 @@
+"""What every weight sync must do, done once here for every bridge.
+
+A bridge only moves weights and reports the phases only it can see (gather, transport, load). The
+caller pushes through `push_weights`, which times the whole sync and records the version the engine
+serves afterwards; `sync_due` says when a push is due and `check_sync_every` checks the setting.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from grpo_pipe.interfaces import Policy, RolloutEngine, WeightBridge
+from grpo_pipe.types import SyncStats
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "weight_bridge"
+
+
+def check_sync_every(sync_every: int) -> int:
+    """The bridge setting, checked when the bridge is built (so before anything loads)."""
+    if sync_every < 1:
+        raise ValueError(f"weight_bridge.sync_every={sync_every}: must be >= 1")
+    return sync_every
+
+
+def sync_due(version: int, pushed_version: int, sync_every: int) -> bool:
+    """A push is due every `sync_every` policy versions, and only for a version not pushed yet."""
+    return version % sync_every == 0 and version > pushed_version
+
+
+def push_weights(bridge: WeightBridge, engine: RolloutEngine, policy: Policy, version: int) -> SyncStats:
+    """Push `policy` as `version` through `bridge`; the engine serves `version` afterwards.
+
+    `total_s` is the wall time of the whole push, measured here for every bridge alike."""
+    started = time.perf_counter()
+    stats = bridge.push(policy, version)
+    engine.served_version = version
+    return replace(stats, total_s=time.perf_counter() - started, policy_version=version)
+
+
+def configured_bridges() -> list[str]:
+    """The `weight_bridge=` options, read from the config group (the one list of bridges)."""
+    return sorted(path.stem for path in CONF_DIR.glob("*.yaml"))

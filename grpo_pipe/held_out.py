@@ -1,0 +1,81 @@
+"""Held-out evaluation in one place: when to evaluate, the best model so far (exported as `best/`),
+and early stopping when evaluations stop improving."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from grpo_pipe.evaluation import EvalPlan, evaluate
+from grpo_pipe.interfaces import CheckpointStore, Reward, RolloutEngine
+from grpo_pipe.types import Task
+
+log = logging.getLogger(__name__)
+
+
+class HeldOutEvaluation:
+    """Greedy accuracy on the held-out split every `eval_every` steps, before and after training."""
+
+    def __init__(
+        self,
+        prompts: Sequence[tuple[int, ...]],
+        tasks: Sequence[Task],
+        reward: Reward,
+        plan: EvalPlan,
+        eval_every: int,
+        patience: int,
+        checkpoints: CheckpointStore,
+        export_best: Callable[[Path], None],
+    ) -> None:
+        self.prompts = list(prompts)
+        self.tasks = list(tasks)
+        self.reward = reward  # held-out completions are scored by the run's own reward
+        self.plan = plan  # budget, which metric is the score, pass@k
+        self.eval_every = eval_every  # 0 = only before and after training
+        self.patience = patience  # evaluations without a new best before stopping; 0 = never
+        self.checkpoints = checkpoints  # keeps the best value and writes `best/`
+        self.export_best = export_best  # writes the current policy as a Hugging Face folder
+        self.history: list[tuple[int, float]] = []  # (step, best_metric value)
+        self.without_improvement = 0
+        self.last: tuple[int, dict[str, float]] = (0, {})  # (step, metrics) of the latest evaluation
+
+    def due(self, step: int, last_step: int) -> bool:
+        """Mid-run evaluations only: the last step is evaluated by the run's end."""
+        return bool(self.eval_every) and step % self.eval_every == 0 and step != last_step
+
+    def run(self, engine: RolloutEngine, step: int) -> dict[str, float]:
+        """Evaluate now and note the result (a new best is exported; step 0 is the baseline)."""
+        metrics = evaluate(engine, self.prompts, self.tasks, self.reward, self.plan)
+        self.last = (step, metrics)
+        self._note(step, metrics)
+        return metrics
+
+    @property
+    def should_stop(self) -> bool:
+        return self.patience > 0 and self.without_improvement >= self.patience
+
+    def _note(self, step: int, metrics: Mapping[str, float]) -> None:
+        name = self.checkpoints.best_metric
+        if name is None or name not in metrics:
+            return
+        self.history.append((step, float(metrics[name])))
+        if step == 0:  # the untrained model: the baseline to beat, nothing to export
+            self.checkpoints.set_best(float(metrics[name]))
+            improved = True
+        else:
+            improved = self.checkpoints.consider_best(metrics, self.export_best)
+        self.without_improvement = 0 if improved else self.without_improvement + 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "eval_history": self.history,
+            "evals_without_improvement": self.without_improvement,
+            "best_value": self.checkpoints.best_value,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.history = [(int(s), float(v)) for s, v in state["eval_history"]]
+        self.without_improvement = int(state["evals_without_improvement"])
+        self.checkpoints.set_best(state["best_value"])

@@ -1,0 +1,275 @@
+"""The GRPO recipe: one object that runs the algorithm over the job's components.
+
+    setup -> (restore) -> evaluate -> train: train_step x N (with evaluations, checkpoints) -> cleanup
+
+`train_step` is the algorithm; the step's bookkeeping lives in `StepRecorder`, held-out evaluation,
+best-so-far and early stopping in `HeldOutEvaluation`, the bridge contract in `bridges.contract`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo_pipe.bridges.contract import push_weights, sync_due
+from grpo_pipe.bridges.files import copy_tokenizer_files
+from grpo_pipe.checkpointing import Checkpoint
+from grpo_pipe.components import Components
+from grpo_pipe.held_out import HeldOutEvaluation
+from grpo_pipe.progress import StepProgress, format_metrics
+from grpo_pipe.prompts import render_prompt
+from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
+from grpo_pipe.rollout.scheduler import Ledger, RolloutScheduler, TakenBatch
+from grpo_pipe.step_recorder import StepRecorder
+from grpo_pipe.stopping import GenerationInterrupted, StopRequest
+from grpo_pipe.types import RolloutGroup, SamplingSettings, SyncStats, Task
+
+log = logging.getLogger(__name__)
+
+# Early stopping and the time budget end a run normally (final evaluation, FINISHED); a signal does not.
+NORMAL_ENDS = ("early_stopping", "time_budget")
+
+
+@dataclass(frozen=True)
+class RunResult:
+    run_id: str | None
+    rewards: list[float]  # mean reward per step
+    final_eval: dict[str, float]
+    ledger: Ledger  # where every generated group went: trained, dropped, or in flight at the end
+    summary: dict[str, float]  # the end-of-run metrics (eval, reward quarters, overlap, loop time)
+    stopped_by: str | None = None  # the signal that stopped the run early (a checkpoint was written)
+
+
+class GRPORecipe:
+    def __init__(self, parts: Components, config_yaml: str, output_dir: Path) -> None:
+        self.parts = parts
+        self.config_yaml = config_yaml  # the resolved config, saved with every checkpoint
+        self.output_dir = output_dir
+        self.engine = parts.rollout
+        self.pushed_version = 0  # the newest policy version the engine has been given
+        self.trained_through = 0  # the last step whose optimizer update is done
+        self.engine_restarts = 0
+        self.recorder = StepRecorder(parts.run.samples_to_log)
+
+    def setup(self) -> None:
+        """Load the model, start the engine and the trainer, connect the bridge, prepare the evaluation."""
+        p, settings = self.parts, self.parts.run
+        self.model_path = p.model.materialize()
+        tokenizer = _tokenizer(self.model_path)
+        p.curriculum.attach(p.data.train_tasks())
+        p.logger.log_metrics({"data/skipped_rows": float(len(p.data.skipped))}, step=0)
+        self.engine.connect(self.model_path, p.weight_bridge.engine_options())
+        p.reward.setup(self.model_path, self.engine.weight_dtype)
+        p.trainer.setup(self.model_path, p.placement.trainer_device(), pad_id=tokenizer.pad_token_id or 0)
+        p.weight_bridge.connect(self.engine, p.trainer.policy)
+
+        def render(task: Task) -> tuple[int, ...]:
+            return tuple(render_prompt(tokenizer, p.data.system_prompt, task))
+
+        seed = settings.seed if settings.seeded_sampling else None
+        self.sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens, seed)
+        self.scheduler: RolloutScheduler = p.rollout_scheduler(
+            self.engine, p.curriculum.next_batch, render, self.sampling, total_steps=p.trainer.steps,
+            prompt_limit=self.engine.max_model_len - settings.max_new_tokens, overlong_prompts=settings.overlong_prompts,
+        )
+        eval_tasks = list(p.data.eval_tasks())[: settings.eval_size]
+        self.held_out = HeldOutEvaluation(
+            [render(t) for t in eval_tasks], eval_tasks, p.reward, settings.eval_plan(), settings.eval_every,
+            settings.early_stop_patience, p.checkpoint, self._export_policy,
+        )
+
+    def train(self, first_step: int, stop: StopRequest) -> RunResult:
+        """Steps `first_step`..`trainer.steps`, until done, out of time, early-stopped or asked to stop."""
+        p, steps = self.parts, self.parts.trainer.steps
+        already_logged = p.logger.logged_steps("policy/version")  # steps a crashed run logged past its checkpoint
+        loop_started, stopped_by = time.time(), None
+        max_minutes = p.run.max_minutes
+        deadline = None if max_minutes is None else loop_started + 60.0 * max_minutes
+        self.scheduler.guard = stop.interruptible  # a stop signal abandons a generation in progress
+        with StepProgress(steps, first_step=first_step - 1) as progress:
+            for step in range(first_step, steps + 1):
+                try:
+                    metrics = self._step_or_save(step)
+                except GenerationInterrupted:  # the abandoned batch was this step's: the last finished is step - 1
+                    stopped_by = stop.reason
+                    self._save_interrupted(step, stopped_by)
+                    break
+                if self.held_out.due(step, steps):
+                    metrics.update(self.evaluate(step))
+                if step not in already_logged:
+                    p.logger.log_metrics(metrics, step=step)
+                for report in p.curriculum.take_reports(self.output_dir / "curriculum"):
+                    p.logger.log_artifact(report, "curriculum")
+                progress.update(step, metrics)
+                out_of_time = deadline is not None and time.time() >= deadline
+                early = self.held_out.should_stop and self.held_out.last[0] == step
+                stopped_by = stop.reason or ("early_stopping" if early else None) or ("time_budget" if out_of_time else None)
+                if p.checkpoint.due(step, steps) or stopped_by:
+                    self.save(step)
+                if stopped_by:
+                    log.warning("Stopping after step %d (%s)", step, stopped_by)
+                    break
+        return self._finish(time.time() - loop_started, ended_by=stopped_by)
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """One GRPO step. Rollouts for this step were scheduled during the previous one."""
+        p, rec = self.parts, self.recorder
+        rec.begin()
+        groups = self._take_rollouts(step)                                  # 1. pick tasks, roll out (scheduler)
+        scored = p.reward(groups)                                           # 2. score every completion
+        rec.scores(step, groups, scored)
+        # Difficulty is how well a task is solved: latency and length terms would drown it.
+        rec.add(p.curriculum.update(_uids(groups), scored.difficulty_signal))  # 3. the curriculum learns
+        p.placement.before_train(self.engine)                               # 4. the device to the trainer
+        with rec.training():                                                # 5. advantages + one update
+            rec.add(p.trainer.step(groups, scored.values, self.sampling.temperature))
+        self.trained_through = step
+        rec.synced(self._sync_if_due())                                     # 6. new weights to the engine
+        self._schedule_rollouts(steps_done=step)                            # 7. the engine's next work, now
+        return rec.end(p.trainer.version, self.engine_restarts)
+
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Held-out greedy evaluation; notes the best so far (and exports it)."""
+        self.parts.placement.before_rollout(self.engine)
+        return self.held_out.run(self.engine, step)
+
+    def save(self, step: int) -> None:
+        """Write the whole training state for `step` (atomically, through the checkpoint store)."""
+        p = self.parts
+        loop_state = {
+            "step": step,
+            "mlflow_run_id": p.logger.run_id,
+            "pushed_version": self.pushed_version,
+            "curriculum": p.curriculum.state_dict(),
+            "scheduler": self.scheduler.snapshot(),
+            "step_rewards": self.recorder.step_rewards,
+            **self.held_out.state_dict(),
+        }
+        saved = p.checkpoint.save(step, p.trainer.state_dict(), loop_state, self.config_yaml)
+        log.info("Checkpoint written: %s", saved.path)
+
+    def restore(self, checkpoint: Checkpoint) -> int:
+        """Put trainer, curriculum, scheduler and engine back where the checkpoint left them; returns the next step."""
+        p, loop = self.parts, checkpoint.loop_state()
+        p.trainer.load_state_dict(checkpoint.trainer_state())
+        p.curriculum.load_state_dict(loop["curriculum"])
+        self.recorder.step_rewards = list(loop["step_rewards"])
+        self.held_out.load_state_dict(loop)
+        if loop["pushed_version"] > 0:
+            # The engine started on the base weights: give it the checkpoint's. With sync_every > 1 these are
+            # newer than what the engine served at the checkpoint (only they were saved): samples get fresher.
+            self._sync()
+        tasks_by_uid = {t.uid: t for t in p.data.train_tasks()}
+        p.placement.before_rollout(self.engine)
+        self.scheduler.restore(loop["scheduler"], tasks_by_uid)
+        return int(loop["step"]) + 1
+
+    def cleanup(self) -> None:
+        """Release the bridge, the engine(s) and what the placement started (always, in `finally`)."""
+        self.parts.weight_bridge.close()
+        self.engine.shutdown()
+        self.parts.trainer.close()  # a sharded trainer's rank actors; nothing for a single device
+        self.parts.placement.close()
+
+    # -- the steps' parts -------------------------------------------------------------------------
+
+    def _step_or_save(self, step: int) -> dict[str, float]:
+        try:
+            return self.train_step(step)
+        except EngineGaveUp:
+            if self.trained_through > 0:  # keep the work done so far, then fail loudly
+                self.save(self.trained_through)
+            raise
+
+    def _save_interrupted(self, step: int, reason: str | None) -> None:
+        if step > 1:
+            self.save(step - 1)
+        log.warning("Stopped during step %d's generation (%s)", step, reason)
+
+    def _schedule_rollouts(self, steps_done: int) -> None:
+        self.parts.placement.before_rollout(self.engine)
+        self.scheduler.fill(self.parts.trainer.version, self.pushed_version, steps_done=steps_done)
+
+    def _take_rollouts(self, step: int) -> list[RolloutGroup]:
+        """The next batch with something left to train on; batches dropped whole are skipped (and counted)."""
+        dropped = 0
+        while True:
+            self._schedule_rollouts(steps_done=step - 1)
+            try:
+                taken: TakenBatch = self.scheduler.take(self.parts.trainer.version)
+            except EngineLost as err:
+                self._recover_engine(err)
+                continue
+            self.recorder.waited(taken)
+            dropped += len(taken.dropped)
+            if taken.groups:
+                self.recorder.rollouts(taken, dropped, self.scheduler)
+                return taken.groups
+            log.warning("Step %d: every group of a batch was too stale and dropped; taking the next one", step)
+
+    def _sync_if_due(self) -> SyncStats | None:
+        version = self.parts.trainer.version
+        if not sync_due(version, self.pushed_version, self.parts.weight_bridge.sync_every):
+            return None
+        try:
+            return self._sync()
+        except EngineLost as err:
+            self._recover_engine(err)  # re-syncs the current weights itself
+            return None
+
+    def _sync(self) -> SyncStats:
+        """Push the trainer's current weights; the engine serves them from its next request on."""
+        p = self.parts
+        p.placement.before_sync(self.engine)
+        stats = push_weights(p.weight_bridge, self.engine, p.trainer.policy, p.trainer.version)
+        self.pushed_version = p.trainer.version
+        return stats
+
+    def _recover_engine(self, err: EngineLost) -> None:
+        """Restart dead engines (the placement backs off and limits how often), give them the current
+        weights, and re-issue every request that was in flight."""
+        p = self.parts
+        self.engine_restarts += 1
+        log.error("Engine lost (%s); restart %d", err, self.engine_restarts)
+        p.placement.restart_engines(self.engine, self.engine_restarts)
+        p.weight_bridge.close()
+        p.weight_bridge.connect(self.engine, p.trainer.policy)
+        if p.trainer.version > 0:
+            push_weights(p.weight_bridge, self.engine, p.trainer.policy, p.trainer.version)
+        self.pushed_version = p.trainer.version
+        reissued = self.scheduler.requeue_lost()
+        log.warning("Engine back; weights v%d re-synced, %d batch(es) re-issued", p.trainer.version, reissued)
+
+    def _finish(self, loop_s: float, ended_by: str | None) -> RunResult:
+        p, rec = self.parts, self.recorder
+        stopped_by = None if ended_by in (None, *NORMAL_ENDS) else ended_by  # a signal: no final evaluation
+        last_step = len(rec.step_rewards)
+        evaluated_now = not stopped_by and self.held_out.last[0] != last_step
+        final_eval = self.evaluate(last_step) if evaluated_now else ({} if stopped_by else self.held_out.last[1])
+        summary = {**(final_eval if evaluated_now else {}), **rec.summary(self.scheduler, loop_s)}
+        if last_step < p.trainer.steps and ended_by in NORMAL_ENDS:
+            key = "early_stopped_at" if ended_by == "early_stopping" else "time_budget_stopped_at"
+            summary[f"summary/{key}"] = float(last_step)
+        p.logger.log_metrics(summary, step=last_step)
+        p.logger.log_table(rec.table, "samples.json")
+        log.info("After training: %s", format_metrics(summary))
+        return RunResult(p.logger.run_id, rec.step_rewards, final_eval, self.scheduler.ledger, summary, stopped_by)
+
+    def _export_policy(self, folder: Path) -> None:
+        self.parts.trainer.policy.save_pretrained(folder)
+        copy_tokenizer_files(self.model_path, folder)
+
+
+def _uids(groups: Sequence[RolloutGroup]) -> list[str]:
+    """One task uid per completion, in the order rewards are given."""
+    return [g.task.uid for g in groups for _ in g.completions]
+
+
+def _tokenizer(model_path: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)

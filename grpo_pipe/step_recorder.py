@@ -1,0 +1,82 @@
+"""The bookkeeping beside the recipe: counters, time spans and metric merges, so `train_step` reads as
+the algorithm. One `begin`/`end` pair per step; what the whole loop accumulates becomes the run summary."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from grpo_pipe import step_metrics
+from grpo_pipe.rollout.scheduler import RolloutScheduler, TakenBatch
+from grpo_pipe.types import RewardOutput, RolloutGroup, SyncStats
+
+
+class StepRecorder:
+    """What one step produced (as metrics), and what the loop in this process accumulates."""
+
+    def __init__(self, samples_to_log: int) -> None:
+        self.samples_to_log = samples_to_log  # completions per step kept for the samples table
+        self.step_rewards: list[float] = []  # mean reward per step, from step 1 (restored on resume)
+        self.train_spans: list[tuple[float, float]] = []  # wall clock, trainer busy
+        self.wait_s = 0.0  # trainer time spent waiting for rollouts
+        self.table: list[dict[str, Any]] = []
+        # This process's loop only, like train_spans: samples trained on, and those new weights reached mid-way.
+        self.samples = 0
+        self.samples_updated_in_flight = 0
+        self._metrics: dict[str, float] = {}
+        self._started = 0.0
+
+    def begin(self) -> None:
+        self._metrics = {}
+        self._started = time.perf_counter()
+
+    def waited(self, taken: TakenBatch) -> None:
+        """A batch came back from the scheduler (also one whose every group was dropped)."""
+        self.wait_s += taken.wait_s
+
+    def rollouts(self, taken: TakenBatch, dropped: int, scheduler: RolloutScheduler) -> None:
+        """The batch trained on this step; `dropped` counts groups discarded as too stale on the way."""
+        completions = [c for g in taken.groups for c in g.completions]
+        self.samples += len(completions)
+        self.samples_updated_in_flight += sum(bool(c.version_switches) for c in completions)
+        gen_s = taken.generated.finished_s - taken.generated.started_s
+        self.add(step_metrics.rollout_metrics(taken.groups, gen_s))
+        self.add(step_metrics.async_metrics(taken, dropped, scheduler))
+
+    def scores(self, step: int, groups: Sequence[RolloutGroup], scored: RewardOutput) -> None:
+        self.add(step_metrics.reward_metrics(scored))
+        self.table.extend(step_metrics.sample_rows(step, groups, scored, self.samples_to_log))
+
+    @contextmanager
+    def training(self) -> Iterator[None]:
+        """Times the optimizer update (for the overlap summary) and records memory after it."""
+        started = time.time()
+        yield
+        self.train_spans.append((started, time.time()))
+        self.add(step_metrics.memory_metrics())
+
+    def synced(self, stats: SyncStats | None) -> None:
+        if stats is not None:
+            self.add(stats.as_metrics())
+
+    def add(self, metrics: Mapping[str, float] | None) -> None:
+        self._metrics.update(metrics or {})
+
+    def end(self, policy_version: int, engine_restarts: int) -> dict[str, float]:
+        """This step's metrics; its mean reward joins the run's reward curve."""
+        metrics = self._metrics
+        metrics["policy/version"] = float(policy_version)
+        metrics["engine/restarts"] = float(engine_restarts)
+        metrics["time/step_s"] = time.perf_counter() - self._started
+        self.step_rewards.append(metrics["train/reward/mean"])
+        return metrics
+
+    def summary(self, scheduler: RolloutScheduler, loop_s: float) -> dict[str, float]:
+        """The end-of-run numbers: reward quarters, generation/training overlap, in-flight updates."""
+        return {
+            **step_metrics.quarter_summary(self.step_rewards),
+            **step_metrics.overlap_summary(scheduler, self.train_spans, self.wait_s, loop_s),
+            "summary/in_flight_updated_fraction": self.samples_updated_in_flight / max(self.samples, 1),
+        }

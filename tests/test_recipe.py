@@ -1,0 +1,88 @@
+"""The recipe's step with in-memory fakes of our own Protocols (unit tier: no engine, no model, no MLflow)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from grpo_pipe import recipe as recipe_module
+from grpo_pipe.recipe import GRPORecipe
+from grpo_pipe.stopping import StopRequest
+from tests.fakes import FakeTokenizer, fake_components
+
+
+@pytest.fixture(autouse=True)
+def fake_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(recipe_module, "_tokenizer", lambda path: FakeTokenizer())
+
+
+def _recipe(tmp_path: Path, **kwargs: Any) -> GRPORecipe:
+    recipe = GRPORecipe(fake_components(tmp_path, **kwargs), "config: {}\n", tmp_path)
+    recipe.setup()
+    return recipe
+
+
+def _fakes(recipe: GRPORecipe) -> Any:
+    """The components as their fake classes, with what they recorded (not only their Protocols)."""
+    return recipe.parts
+
+
+def test_a_step_trains_on_scored_rollouts_then_syncs_and_records(tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path)
+    metrics = recipe.train_step(1)
+    parts: Any = recipe.parts  # the fakes, with what they recorded
+    # Two tasks x two samples; the fake engine answers right on even samples: half the rewards are 1.
+    assert parts.trainer.seen == [(0, [1.0, 0.0, 1.0, 0.0])]
+    assert parts.curriculum.updates == [["t/0", "t/0", "t/1", "t/1"]]
+    # The contract is kept by the caller: one push of version 1, and the engine serves it.
+    assert parts.weight_bridge.pushed == [1] and parts.rollout.served_version == 1
+    assert metrics["train/reward/mean"] == 0.5 and metrics["train/accuracy"] == 0.5
+    assert metrics["policy/version"] == 1.0 and metrics["sync/policy_version"] == 1.0
+    assert metrics["sync/total_s"] >= 0.0 and metrics["curriculum/updates"] == 1.0
+    assert recipe.recorder.step_rewards == [0.5] and len(recipe.recorder.table) == 4
+
+
+def test_on_policy_loop_trains_every_step_on_the_previous_version(tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path, steps=3)
+    for step in (1, 2, 3):
+        recipe.train_step(step)
+    versions_trained_on = [v for v, _ in _fakes(recipe).trainer.seen]
+    assert versions_trained_on == [0, 1, 2]
+    ledger = recipe.scheduler.ledger
+    assert ledger.balanced() and ledger.trained == 6 and ledger.in_flight == 0
+
+
+def test_sync_every_two_pushes_every_other_version(tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path, steps=4, max_staleness=1, sync_every=2)
+    for step in (1, 2, 3, 4):
+        recipe.train_step(step)
+    assert _fakes(recipe).weight_bridge.pushed == [2, 4]
+    assert recipe.pushed_version == 4 == _fakes(recipe).rollout.served_version
+
+
+def test_train_evaluates_saves_and_reports_a_result(tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path, steps=2)
+    assert recipe.evaluate(0)["eval/accuracy"] == 1.0  # greedy = sample 0: always right
+    with StopRequest() as stop:
+        result = recipe.train(1, stop)
+    assert result.rewards == [0.5, 0.5] and result.stopped_by is None and result.run_id == "fake-run"
+    assert result.final_eval["eval/accuracy"] == 1.0
+    assert result.summary["summary/reward_first_quarter"] == 0.5
+    assert [c.name for c in (tmp_path / "checkpoints").iterdir()] == ["step-000002"]  # the last step, always
+    logged_steps = [step for step, _ in _fakes(recipe).logger.metrics]
+    assert logged_steps == [0, 1, 2, 2]  # data/skipped_rows, two steps, the summary
+
+
+def test_restore_puts_the_loop_back_where_the_checkpoint_left_it(tmp_path: Path) -> None:
+    first = _recipe(tmp_path / "a", steps=3)
+    first.train_step(1)
+    first.save(1)
+    checkpoint = _fakes(first).checkpoint.latest()
+    assert checkpoint is not None
+    second = _recipe(tmp_path / "b", steps=3)
+    assert second.restore(checkpoint) == 2
+    assert second.parts.trainer.version == 1 == second.parts.rollout.served_version
+    assert second.recorder.step_rewards == [0.5]
+    assert _fakes(second).curriculum.position == _fakes(first).curriculum.position
