@@ -135,16 +135,19 @@ def test_two_ranks_match_one_device_and_resume_at_world_size_one(ray_local: None
         one, again = single.step(groups2, rewards2, 1.0), resumed.step(groups2, rewards2, 1.0)
         assert again["train/lr"] == pytest.approx(one["train/lr"])
         assert one["train/kl"] > 0 and again["train/kl"] == pytest.approx(one["train/kl"], rel=1e-3, abs=1e-7)  # the reference is the start
-        _assert_same_weights(dict(resumed.policy.named_weights()), dict(single.policy.named_weights()))
+        # Four Adam updates in: an element whose gradient is near zero moves by a fraction of lr either
+        # way with the summation order (Adam's step is lr-sized whatever the gradient's size); a wrong
+        # resume (weights, moments, schedule) moves elements by ~lr = 1e-3.
+        _assert_same_weights(dict(resumed.policy.named_weights()), dict(single.policy.named_weights()), atol=1e-4)
     finally:
         resumed.close()
     _assert_plain_hf_folder(export)
 
 
-def _assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+def _assert_same_weights(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], atol: float = 1e-6) -> None:
     assert got.keys() == want.keys()
     for name, tensor in want.items():
-        torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-6)
+        torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=atol)
 
 
 def _assert_plain_hf_folder(folder: Path) -> None:
