@@ -154,8 +154,11 @@ class GRPOTrainer:
 
     def step(self, groups: Sequence[RolloutGroup], rewards: Sequence[float], temperature: float) -> dict[str, float]:
         """`updates_per_batch` optimizer updates on these groups; the version moves by one. Returns `train/...` metrics."""
+        return self.train_plan(self.plan(groups, rewards), temperature)
+
+    def train_plan(self, plan: BatchPlan, temperature: float) -> dict[str, float]:
+        """`step` on a plan already made (the sharded trainer hands each rank its share of one batch's plan)."""
         started = time.perf_counter()
-        plan = self.plan(groups, rewards)
         reference: list[torch.Tensor | None] = []  # per micro-batch, computed once: the reference is frozen
         passes, applied_any, grad_norms = [], False, []
         for _ in range(self.updates_per_batch):

@@ -1,18 +1,24 @@
 """One rank of the sharded trainer: a Ray actor holding an FSDP2-sharded copy of the policy.
 
 Each rank builds the single-device `GRPOTrainer` around its own policy; the policy is sharded with
-`fully_shard` (each decoder layer, then the root) as it loads, so the trainer's AdamW and LR schedule
-are created over the sharded (DTensor) parameters and its update step (gradient clipping over the
-global norm, non-finite skip, scheduler) runs unchanged. What differs from one device:
+`fully_shard` (each decoder layer, then the root) as it loads, so the trainer's optimizer and LR schedule
+are created over the sharded (DTensor) parameters and its step (the loss component micro-batch by
+micro-batch, `updates_per_batch` passes, gradient clipping over the global norm, non-finite skip,
+scheduler) runs unchanged, through `GRPOTrainer.train_plan`. What differs from one device:
 
-1. The driver (`sharded.py`) computes advantages over the whole batch and deals out micro-batches;
-   every rank runs the same number of micro-batches (an empty slot runs a zero-loss forward), since
-   each forward/backward is a collective.
-2. Each micro-batch loss is normalised by the WHOLE batch (all ranks), exactly as on one device, and
-   multiplied by the world size: FSDP averages gradients over ranks, the loss wants their sum.
-3. Mixed precision is FSDP's: parameters and optimizer state stay in the loaded dtype (fp32 master
+1. The driver (`sharded.py`) plans the WHOLE batch with the single-device trainer's `plan` (advantages,
+   mask_truncated, zero-advantage skip, the loss normaliser) and deals its micro-batches out; each rank
+   trains on its share with that whole-batch normaliser, exactly as one device would.
+2. Every rank runs the same number of micro-batches, since each forward/backward is a collective: a
+   rank short of one runs a padding sample with an empty completion, whose loss is exactly zero.
+3. FSDP's gradient reduction is set to a plain sum (divide factor 1): the micro-batch losses are
+   already normalised by the whole batch, so the ranks' gradients add up to the full-batch gradient.
+4. Mixed precision is FSDP's: parameters and optimizer state stay in the loaded dtype (fp32 master
    weights when `trainer.dtype=float32`), forward/backward compute in `compute_dtype`, gradients are
    reduced in fp32.
+5. The KL reference (`loss.kl_coef > 0`) is kept before sharding: LoRA's is the sharded model with the
+   adapter off; a full fine-tune's is a whole, unsharded frozen copy on every rank (memory: one model
+   per rank, in the loaded dtype).
 """
 
 from __future__ import annotations
@@ -21,43 +27,34 @@ import datetime
 import logging
 import os
 import socket
-from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from grpo_pipe.trainer.batch import TrainSample, collate, completion_logprobs
-from grpo_pipe.trainer.grpo import GRPOTrainer
-from grpo_pipe.trainer.loss import policy_loss
+from grpo_pipe.trainer.batch import TrainSample
+from grpo_pipe.trainer.grpo import BatchPlan, GRPOTrainer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """What one rank trains on in one optimizer step (made by the driver)."""
-
-    micro_batches: tuple[tuple[TrainSample, ...], ...]  # this rank's; empty tuples pad to the common count
-    total: int  # sequences in the whole step, all ranks (the loss normaliser)
-    max_tokens: int  # longest completion in the whole step (dr_grpo's normaliser)
-    temperature: float
 
 
 class ShardOnLoad:
     """Wraps a policy so that loading it also shards it (before the trainer builds its optimizer)."""
 
-    def __init__(self, policy: Any, compute_dtype: torch.dtype | None) -> None:
+    def __init__(self, policy: Any, compute_dtype: torch.dtype | None, needs_reference: bool) -> None:
         self.inner = policy
         self.compute_dtype = compute_dtype
+        self.needs_reference = needs_reference
         self.module: torch.nn.Module | None = None  # the inner policy's module, once loaded and sharded
 
     def load(self, model_path: Path, device: torch.device, dtype: torch.dtype) -> None:
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
         self.inner.load(model_path, device, dtype)
+        if self.needs_reference:  # from the whole weights: a sharded module cannot be copied
+            self.inner.keep_reference()
         module = self.inner.module
         precision = MixedPrecisionPolicy(param_dtype=self.compute_dtype, reduce_dtype=torch.float32)
         layer_types = set(getattr(_base_model(module), "_no_split_modules", None) or ())
@@ -65,7 +62,17 @@ class ShardOnLoad:
             if type(sub).__name__ in layer_types:
                 fully_shard(sub, mp_policy=precision)
         fully_shard(module, mp_policy=precision)
+        for sub in module.modules():  # sum, not average: each rank's loss is already over the whole batch
+            if isinstance(sub, FSDPModule):
+                sub.set_gradient_divide_factor(1.0)
+                sub.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
         self.module = module
+
+    def keep_reference(self) -> None:
+        """Kept in `load`, before sharding."""
+
+    def reference_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.inner.reference_logits(input_ids, attention_mask)  # LoRA's is a collective forward
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return self.inner.trainable_parameters()
@@ -77,7 +84,7 @@ class ShardWorker:
     def __init__(self, trainer: GRPOTrainer, rank: int, world_size: int, compute_dtype: str | None) -> None:
         self.rank, self.world_size = rank, world_size
         self.compute_dtype = None if compute_dtype is None else getattr(torch, compute_dtype)
-        trainer.policy = ShardOnLoad(trainer.policy, self.compute_dtype)
+        trainer.policy = ShardOnLoad(trainer.policy, self.compute_dtype, trainer.loss.needs_reference)
         self.trainer = trainer
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
 
@@ -104,38 +111,14 @@ class ShardWorker:
         config = getattr(_base_model(self.trainer.policy.module), "config", None)
         return {"tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)), "pid": os.getpid()}
 
-    def train(self, plan: StepPlan) -> dict[str, float]:
-        """One optimizer update; returns this rank's sums (the driver adds them up)."""
-        sums = self.accumulate(plan)
-        trainer = self.trainer
-        applied, grad_norm = trainer._apply_update()  # the single-device update, over sharded parameters
-        return {**sums, "applied": float(applied), "grad_norm": grad_norm,
-                "lr": float(trainer.scheduler.get_last_lr()[0]), "version": float(trainer.version)}
+    def train(self, plan: BatchPlan, temperature: float) -> dict[str, float]:
+        """The single-device step on this rank's share of the batch; this rank's metrics (the driver combines them)."""
+        metrics = self.trainer.train_plan(plan, temperature)
+        return {**metrics, "version": float(self.trainer.version)}
 
-    def accumulate(self, plan: StepPlan) -> dict[str, float]:
-        """Fill the (sharded) gradients with the whole step's loss gradient, micro-batch by micro-batch."""
-        trainer, module = self.trainer, self.trainer.policy.module
-        assert trainer.optimizer is not None and module is not None
-        trainer.optimizer.zero_grad(set_to_none=True)
-        sums = {"loss": 0.0, "clipped": 0.0, "tokens": 0.0, "ratio_max": 0.0}
-        for chunk in plan.micro_batches:
-            if not chunk:
-                _idle_pass(module, self.device)
-                continue
-            batch = collate(chunk, trainer.pad_id, self.device)
-            logits = module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, L, V]
-            new_logprobs = completion_logprobs(logits, batch, plan.temperature)  # [B, T]
-            loss, stats = policy_loss(
-                new_logprobs, batch.sampling_logprobs, batch.advantages, batch.completion_mask,
-                aggregation=trainer.aggregation, clip_low=trainer.clip_low, clip_high=trainer.clip_high,
-                total_sequences=plan.total, max_tokens=plan.max_tokens, is_cap=trainer.is_cap,
-            )
-            (loss * self.world_size).backward()  # FSDP divides the reduced gradient by world_size
-            sums["loss"] += float(loss.detach())
-            sums["clipped"] += stats.clipped_tokens
-            sums["tokens"] += stats.tokens
-            sums["ratio_max"] = max(sums["ratio_max"], stats.ratio_max)
-        return sums
+    def accumulate(self, plan: BatchPlan, temperature: float) -> dict[str, float]:
+        """Fill the (sharded) gradients with the whole batch's loss gradient (one pass, no update)."""
+        return self.trainer._accumulate(plan, temperature, [])
 
     def full_state(self, what: str) -> dict[str, torch.Tensor]:
         """Unsharded `what` ('weights' or 'grads') under module names, on rank 0 only (CPU); {} elsewhere."""
@@ -238,28 +221,24 @@ class ShardWorker:
         return module, optimizer
 
 
-def _idle_pass(module: torch.nn.Module, device: torch.device) -> None:
-    """A zero-loss forward/backward: this rank joins the collectives of a micro-batch it has no data for."""
-    ids = torch.zeros((1, 1), dtype=torch.long, device=device)  # [1, 1]
-    logits = module(input_ids=ids).logits  # [1, 1, V]
-    (logits.float().sum() * 0.0).backward()
-
-
 def _base_model(module: Any) -> Any:
     """The transformers model under a peft wrapper (or the module itself)."""
     getter = getattr(module, "get_base_model", None)
     return getter() if callable(getter) else module
 
 
-def deal(samples: Sequence[TrainSample], micro_batch_size: int, world_size: int) -> list[list[tuple[TrainSample, ...]]]:
-    """Cut samples (sorted by length, as on one device) into the single-device trainer's micro-batches,
-    dealt round-robin over ranks; every rank gets the same number of slots (empty ones pad)."""
-    ordered = sorted(samples, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
-    chunks = [tuple(ordered[i : i + micro_batch_size]) for i in range(0, len(ordered), micro_batch_size)]
+def deal(plan: BatchPlan, micro_batch_size: int, world_size: int, pad_id: int) -> list[BatchPlan]:
+    """The whole batch's plan -> one per rank: the single-device micro-batches (length-sorted, cut at
+    `micro_batch_size`) dealt round-robin, each rank padded to the same count with one-sample padding
+    micro-batches. Only the last micro-batch can be short, and its rank needs no padding, so cutting a
+    rank's share at `micro_batch_size` again gives back exactly the micro-batches dealt to it."""
+    ordered = plan.active
+    chunks = [ordered[i : i + micro_batch_size] for i in range(0, len(ordered), micro_batch_size)]
     slots = -(-len(chunks) // world_size)  # no work at all: no pass, no gradient, as on one device
-    per_rank: list[list[tuple[TrainSample, ...]]] = [[] for _ in range(world_size)]
+    padding = TrainSample(prompt_ids=(pad_id,), completion_ids=(), sampling_logprobs=(), advantage=0.0, policy_version=0)
+    shares: list[list[TrainSample]] = [[] for _ in range(world_size)]
     for index, chunk in enumerate(chunks):
-        per_rank[index % world_size].append(chunk)
-    for mine in per_rank:
-        mine.extend([()] * (slots - len(mine)))
-    return per_rank
+        shares[index % world_size].extend(chunk)
+    for rank, share in enumerate(shares):
+        share.extend([padding] * (slots - len(chunks[rank::world_size])))
+    return [replace(plan, active=share) for share in shares]

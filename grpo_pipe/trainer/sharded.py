@@ -3,9 +3,11 @@
 The ranks are Ray actors (`shard_worker.ShardWorker`) in one Ray placement group, so Ray knows every
 device the trainer holds, on one machine or across a cluster. This object lives in the runner's
 process and looks to it like the single-device `GRPOTrainer`: `setup`, `step`, `version`, a `policy`
-the weight bridges read. It does the batch-level work (advantages over whole groups, the loss
-normalisers, dealing micro-batches out) and the ranks do the model work; the loss is the
-single-device trainer's, micro-batch for micro-batch. Weights leave the ranks through Ray (unsharded
+the weight bridges read. It plans the whole batch with the single-device trainer's own `plan`
+(advantages over whole groups, mask_truncated, the loss component's normaliser over the whole batch)
+and deals the micro-batches out; each rank runs the single-device step on its share, so the loss
+component (grpo, dr_grpo, dapo, KL to the frozen reference), `updates_per_batch`, the optimizer and the
+LR schedule are the configured ones, micro-batch for micro-batch. Weights leave the ranks through Ray (unsharded
 on rank 0, then to this process), so no file path is shared between machines.
 """
 
@@ -22,10 +24,8 @@ from typing import Any, Literal
 import torch
 
 from grpo_pipe.config.validate import ConfigError
-from grpo_pipe.trainer.batch import flatten
-from grpo_pipe.trainer.grpo import GRPOTrainer
-from grpo_pipe.trainer.loss import group_advantages
-from grpo_pipe.trainer.shard_worker import ShardWorker, StepPlan, deal
+from grpo_pipe.trainer.grpo import BatchPlan, GRPOTrainer
+from grpo_pipe.trainer.shard_worker import ShardWorker, deal
 from grpo_pipe.trainer.sharded_policy import ShardedPolicy
 from grpo_pipe.types import RolloutGroup
 
@@ -69,6 +69,7 @@ class ShardedTrainer:
         self.model_path: Path | None = None
         self._group: Any = None
         self._tied = False
+        self.pad_id = 0
 
     # The runner reads these as it would the single-device trainer's.
     @property
@@ -96,6 +97,7 @@ class ShardedTrainer:
 
         started = time.perf_counter()
         self.model_path = Path(model_path)
+        self.pad_id = pad_id
         if not ray.is_initialized():  # placement=split starts Ray (or joins a cluster) first; else a local one
             ray.init(num_cpus=max(self.world_size * self.cpus_per_rank + 1, 2), include_dashboard=False,
                      _node_ip_address="127.0.0.1", log_to_driver=True)
@@ -108,46 +110,20 @@ class ShardedTrainer:
         log.info("Sharded trainer: %d rank(s) over %s up in %.1fs", self.world_size, backend, time.perf_counter() - started)
 
     def step(self, groups: Sequence[RolloutGroup], rewards: Sequence[float], temperature: float) -> dict[str, float]:
-        """One optimizer update on these groups, across every rank. Returns `train/...` metrics."""
+        """`updates_per_batch` optimizer updates on these groups, across every rank. Returns `train/...` metrics."""
         import ray
 
         started = time.perf_counter()
-        plans, metrics = self.plan(groups, rewards, temperature)
-        results = ray.get([w.train.remote(p) for w, p in zip(self.workers, plans)])
-        tokens = sum(r["tokens"] for r in results)
+        whole, shares = self.plan(groups, rewards)
+        results = ray.get([w.train.remote(share, temperature) for w, share in zip(self.workers, shares)])
         self.version = int(results[0]["version"])
-        return {
-            **metrics,
-            "train/loss": sum(r["loss"] for r in results),
-            "train/clip_fraction": sum(r["clipped"] for r in results) / tokens if tokens else 0.0,
-            "train/ratio_max": max(r["ratio_max"] for r in results),
-            "train/tokens": tokens,
-            "train/grad_norm": results[0]["grad_norm"],
-            "train/update_applied": results[0]["applied"],
-            "train/lr": results[0]["lr"],
-            "train/step_s": time.perf_counter() - started,
-        }
+        return {**whole.metrics(), **combine(results), "train/step_s": time.perf_counter() - started}
 
-    def plan(
-        self, groups: Sequence[RolloutGroup], rewards: Sequence[float], temperature: float
-    ) -> tuple[list[StepPlan], dict[str, float]]:
-        """Advantages over whole groups, then the single-device trainer's micro-batches dealt over ranks."""
+    def plan(self, groups: Sequence[RolloutGroup], rewards: Sequence[float]) -> tuple[BatchPlan, list[BatchPlan]]:
+        """The single-device trainer's plan of the whole batch, and each rank's share of its micro-batches."""
         t = self.template
-        reward_t = torch.tensor(rewards, dtype=torch.float32)  # [N]
-        sizes = torch.tensor([len(g.completions) for g in groups])  # [G]
-        group_ids = torch.repeat_interleave(torch.arange(len(groups)), sizes)  # [N]
-        advantages = group_advantages(reward_t, group_ids, t.normalize_std)  # [N]
-        samples = flatten(groups, advantages.tolist())
-        active = [s for s in samples if s.advantage != 0.0 or t.kl_coef > 0 or not t.skip_zero_advantage]
-        max_tokens = max((len(s.completion_ids) for s in samples), default=1)
-        dealt = deal(active, t.micro_batch_size, self.world_size)
-        plans = [StepPlan(tuple(mine), len(samples), max_tokens, temperature) for mine in dealt]
-        metrics = {
-            "train/active_samples": float(len(active)),
-            "train/samples": float(len(samples)),
-            "train/advantage_abs_mean": float(advantages.abs().mean()),
-        }
-        return plans, metrics
+        whole = t.plan(groups, rewards)
+        return whole, deal(whole, t.micro_batch_size, self.world_size, self.pad_id)
 
     def collect(self, method: str, *args: Any) -> Any:
         """Call a collective worker method on every rank; rank 0's answer."""
@@ -250,6 +226,23 @@ def _known_settings(settings: dict[str, Any]) -> dict[str, Any]:
             for key in unknown
         ])
     return settings
+
+
+def combine(results: list[dict[str, float]]) -> dict[str, float]:
+    """The ranks' step metrics -> the whole batch's: sums and token-weighted means over ranks; the
+    update's own figures (global grad norm, lr, counters) are the same on every rank."""
+    tokens = sum(r["train/tokens"] for r in results)
+    weighted = {key: sum(r[key] * r["train/tokens"] for r in results) / tokens if tokens else 0.0
+                for key in ("train/clip_fraction", "train/kl")}
+    first = results[0]
+    return {
+        "train/loss": sum(r["train/loss"] for r in results),
+        "train/tokens": tokens,
+        **weighted,
+        # A rank that ran a padding micro-batch reports at least 1.0 (the loss's value for no tokens).
+        "train/ratio_max": max(r["train/ratio_max"] for r in results),
+        **{key: first[key] for key in ("train/grad_norm", "train/update_applied", "train/skipped_updates_total", "train/lr")},
+    }
 
 
 def named_hf_weights(state: dict[str, torch.Tensor], tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
