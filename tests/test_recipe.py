@@ -75,6 +75,24 @@ def test_train_evaluates_saves_and_reports_a_result(tmp_path: Path) -> None:
     assert logged_steps == [0, 1, 2, 2]  # data/skipped_rows, two steps, the summary
 
 
+def test_a_stop_asked_during_training_finishes_the_step_saves_it_and_skips_the_final_evaluation(tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path, steps=5)
+    trainer = _fakes(recipe).trainer
+    with StopRequest() as stop:
+        train_step = trainer.step
+
+        def step_then_signal(*args: Any) -> dict[str, float]:  # SIGTERM arrives while step 2 trains
+            if trainer.version == 1:
+                stop.reason = "SIGTERM"
+            return train_step(*args)
+
+        trainer.step = step_then_signal
+        result = recipe.train(1, stop)
+    assert result.stopped_by == "SIGTERM" and result.rewards == [0.5, 0.5] and result.final_eval == {}
+    assert [c.name for c in (tmp_path / "checkpoints").iterdir()] == ["step-000002"]
+    assert "eval/accuracy" not in result.summary
+
+
 def test_restore_puts_the_loop_back_where_the_checkpoint_left_it(tmp_path: Path) -> None:
     first = _recipe(tmp_path / "a", steps=3)
     first.train_step(1)

