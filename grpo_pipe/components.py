@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 from omegaconf import DictConfig
 

@@ -51,6 +51,7 @@ UNIT_MODULES = {
     "tests/rewards/test_correctness.py",
     "tests/data/test_gsm8k.py",
     "tests/data/test_reasoning_gym.py",
+    "tests/test_lint.py",
 }
 
 

@@ -3,7 +3,6 @@
 import functools
 
 import pytest
-import torch
 from hydra.utils import instantiate
 
 from grpo_pipe.config.validate import validate_config

@@ -54,4 +54,6 @@ def test_pass_at_k() -> None:
 
 def test_metric_names() -> None:
     assert metric_problem("accuracy") is None and metric_problem("reward/says_yes") is None
-    assert metric_problem("acc") == "eval_metric='acc': allowed: 'accuracy', 'reward', or 'reward/<term>' (a term the reward logs)"
+    assert metric_problem("acc") == (
+        "eval_metric='acc': allowed: 'accuracy', 'reward', or 'reward/<term>' (a term the reward logs)"
+    )

@@ -11,7 +11,10 @@ from grpo_pipe.config.validate import ConfigError
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.pipeline import JobContext, build, run
 
-TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 REWARD_MODULE = '''
 def bonus_from_metadata(completions, answers, bonus, **kwargs):
     """Proves metadata reached the reward: every task carries bonus=0.25."""
@@ -34,7 +37,9 @@ def _overrides(tmp_path: Path) -> list[str]:
         "model=hf", f"model.path={TinyRandomModel().materialize()}", f"model.chat_template={json.dumps(TEMPLATE)}",
         "data=jsonl", f"data.train_path={data}", "data.prompt_key=question", "data.answer_key=solution",
         "data.eval_fraction=0.25",
-        "reward=weighted", f"+reward.rewards.bonus={{_target_: grpo_pipe.rewards.python_fn.PythonFunctionReward, fn: '{rewards}:bonus_from_metadata', success_at: null}}",
+        "reward=weighted",
+        "+reward.rewards.bonus={_target_: grpo_pipe.rewards.python_fn.PythonFunctionReward, "
+        f"fn: '{rewards}:bonus_from_metadata', success_at: null}}",
         "+reward.weights.bonus=2.0", "~reward.rewards.format", "~reward.weights.format",
         "run.eval_pass_k=2", "run.eval_metric=reward",
     ]

@@ -78,7 +78,8 @@ def format_row(row: dict[str, Any]) -> str:
         f"max_staleness={row['max_staleness']}{'' if row['in_flight_updates'] else ' (in-flight off)'}  "
         f"{row['step_s']:7.2f} s/step  speed-up vs first {row['ratio_vs_first']:.2f}x  "
         f"overlap {row['overlap_fraction']:.2f}  engine idle {row['engine_idle_fraction']:.2f}  "
-        f"trainer idle {row['trainer_idle_fraction']:.2f}  updated in flight {row['in_flight_updated_fraction']:.2f}  trained {row['groups_trained']} dropped {row['groups_dropped']}"
+        f"trainer idle {row['trainer_idle_fraction']:.2f}  updated in flight {row['in_flight_updated_fraction']:.2f}  "
+        f"trained {row['groups_trained']} dropped {row['groups_dropped']}"
     )
 
 

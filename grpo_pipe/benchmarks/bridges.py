@@ -100,10 +100,9 @@ def bench_bridge(name: str, path: Path, repeats: int) -> dict[str, Any]:
             return {"bridge": name, "skipped": "; ".join(problems)}
         bridge.connect(engine, policy)
         memory = _memory_after_connect()
-        version = iter(range(1, 10_000))
         # A checkpoint sync restarts the engine: two repeats are plenty to see its cost.
         repeats_here = min(repeats, 2) if name == "checkpoint" else repeats
-        median_s, stats = timed(lambda: push_weights(bridge, engine, policy, next(version)), repeats_here)
+        median_s, stats = timed(_pusher(bridge, engine, policy), repeats_here)
         weight_bytes = stats.bytes_moved if name == "lora" else sum(
             t.numel() * t.element_size() for _, t in policy.named_weights()
         )
@@ -121,6 +120,13 @@ def bench_bridge(name: str, path: Path, repeats: int) -> dict[str, Any]:
         del policy
         if ON_GPU:
             torch.cuda.empty_cache()
+
+
+def _pusher(bridge: Any, engine: Any, policy: Any) -> Callable[[], Any]:
+    """Syncs `policy` once per call, each time as the next version. A function of its own so that no
+    closure in the caller keeps `policy` alive past its `del`."""
+    version = iter(range(1, 10_000))
+    return lambda: push_weights(bridge, engine, policy, next(version))
 
 
 def _memory_after_connect() -> float | None:

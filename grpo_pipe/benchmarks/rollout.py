@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from hydra import compose, initialize_config_dir
@@ -35,6 +35,9 @@ from omegaconf import DictConfig
 from grpo_pipe.pipeline import JobContext, build, run
 from grpo_pipe.prompts import render_prompt
 from grpo_pipe.types import SamplingSettings
+
+if TYPE_CHECKING:
+    from vllm.config.model import ModelDType
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 log = logging.getLogger("grpo_pipe.benchmarks")
@@ -75,33 +78,48 @@ def tokens_per_s(generate: Callable[[], int], repeats: int) -> dict[str, float]:
 Batch = tuple[int, int]  # (prompts, samples per prompt)
 
 
+def parse_batch(text: str) -> Batch:
+    """`"8x4"` -> (8, 4)."""
+    prompts, samples = text.split("x")
+    return int(prompts), int(samples)
+
+
 def raw_vllm(path: Path, prompts: list[list[int]], batches: Sequence[Batch], sampling: SamplingSettings, engine: Any,
              repeats: int) -> list[dict[str, Any]]:
     """vLLM with its own defaults for everything that is not the model, its memory budget or the sampling."""
     on_gpu = torch.cuda.is_available()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if on_gpu else "0"
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
     memory = {"gpu_memory_utilization": engine.gpu_memory_utilization} if on_gpu else {
         "kv_cache_memory_bytes": int(engine.kv_cache_gib * 2**30), "enable_chunked_prefill": False}
-    llm = LLM(model=str(path), dtype=str(engine.weight_dtype).removeprefix("torch."), max_model_len=engine.max_model_len,
-              seed=engine.seed, **memory)
+    dtype = cast("ModelDType", str(engine.weight_dtype).removeprefix("torch."))  # one of the names vLLM takes
+    llm = LLM(model=str(path), dtype=dtype, max_model_len=engine.max_model_len, seed=engine.seed, **memory)
+    name = "raw vLLM (vLLM defaults: " + ("CUDA graphs, engine core process)" if on_gpu else "in-process)")
+    try:
+        return [{"engine": name, "batch": f"{n}x{g}", **tokens_per_s(_raw_generate(llm, prompts, sampling, n, g), repeats)}
+                for n, g in batches]
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
 
-    def generate(count: int, samples: int) -> int:
+
+def _raw_generate(llm: Any, prompts: list[list[int]], sampling: SamplingSettings, count: int, samples: int
+                  ) -> Callable[[], int]:
+    """One `llm.generate` call per call of the result: `samples` completions for each of the first `count` prompts;
+    returns the tokens generated. A function of its own so that no closure keeps `llm` alive past its `del`."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    def generate() -> int:
         params = [SamplingParams(n=samples, temperature=sampling.temperature, top_p=sampling.top_p,
                                  max_tokens=sampling.max_tokens, logprobs=0, seed=sampling.prompt_seed(i))
                   for i in range(count)]
         outputs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts[:count]], params, use_tqdm=False)
         return sum(len(c.token_ids) for o in outputs for c in o.outputs)
 
-    name = "raw vLLM (vLLM defaults: " + ("CUDA graphs, engine core process)" if on_gpu else "in-process)")
-    try:
-        return [{"engine": name, "batch": f"{n}x{g}", **tokens_per_s(lambda n=n, g=g: generate(n, g), repeats)} for n, g in batches]
-    finally:
-        llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
+    return generate
 
 
 def pipeline_engine(path: Path, prompts: list[list[int]], batches: Sequence[Batch], sampling: SamplingSettings,
@@ -159,7 +177,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     skip = set(filter(None, args.skip.split(",")))
-    batches = [(int(n), int(g)) for n, g in (b.split("x") for b in args.batches.split(","))]
+    batches = [parse_batch(b) for b in args.batches.split(",")]
     cfg = compose_cfg(args.overrides)
     path, prompts, sampling = prompts_and_sampling(cfg, max(n for n, _ in batches), args.max_tokens)
     engine = instantiate(cfg.rollout, _convert_="all")
@@ -170,7 +188,7 @@ def main() -> None:
         best = next((r for r in raw if r["batch"] == row["batch"]), None)
         row["vs_raw"] = row["tokens_per_s"] / best["tokens_per_s"] if best else None
     rows = raw + ours
-    for row in sorted(rows, key=lambda r: batches.index(tuple(map(int, r["batch"].split("x"))))):
+    for row in sorted(rows, key=lambda r: batches.index(parse_batch(r["batch"]))):
         print(format_engine_row(row, args.max_tokens), flush=True)
     steps = None
     if "steps" not in skip:

@@ -107,7 +107,8 @@ class BroadcastBridge:
         weights = [(name, t.detach().to(dtype).contiguous()) for name, t in policy.named_weights()]
         plan = plan_buckets(weights, self.bucket_bytes)
         gathered = time.perf_counter()
-        receiving = _Call(lambda: engine.call_workers("grpo_receive_weights", [b.to_wire() for b in plan], timeout_s=self.timeout_s))
+        wire = [b.to_wire() for b in plan]
+        receiving = _Call(lambda: engine.call_workers("grpo_receive_weights", wire, timeout_s=self.timeout_s))
         cursor = 0
         for bucket in plan:
             tensors = [t for _, t in weights[cursor : cursor + len(bucket.specs)]]

@@ -10,13 +10,26 @@ from __future__ import annotations
 import datetime
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 import torch.distributed as dist
 
+if TYPE_CHECKING:
+    from torch.distributed.distributed_c10d import Store
+
 TRAINER_RANK = 0
 _RANK_COUNTER = "grpo_pipe/next_engine_rank"
+
+# Public as `torch.distributed.TCPStore` (documented), but torch's package does not re-export it to a type checker.
+TCPStore = dist.TCPStore  # pyright: ignore[reportPrivateImportUsage]
+
+
+class Group(Protocol):
+    """What this module uses of a c10d backend (ProcessGroupGloo / ProcessGroupNCCL). torch's stubs leave
+    the collectives out of those classes, though the objects have them."""
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> dist.Work: ...
 
 
 @dataclass(frozen=True)
@@ -77,39 +90,39 @@ def unpack(flat: torch.Tensor, bucket: Bucket) -> list[tuple[str, torch.Tensor]]
     return out
 
 
-def host_store(host: str, timeout_s: float, world_size: int) -> dist.TCPStore:
+def host_store(host: str, timeout_s: float, world_size: int) -> TCPStore:
     """The trainer's rendezvous store on a free port (read it from `store.port`); returns at once."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    return dist.TCPStore(host, 0, world_size, True, timeout=timeout, wait_for_workers=False)
+    return TCPStore(host, 0, world_size, True, timeout=timeout, wait_for_workers=False)
 
 
-def open_group(store: dist.TCPStore, backend: str, timeout_s: float, world_size: int) -> dist.ProcessGroup:
+def open_group(store: TCPStore, backend: str, timeout_s: float, world_size: int) -> Group:
     """The trainer's side: blocks until every engine worker joined, or fails after `timeout_s`."""
     return _group_on(store, backend, TRAINER_RANK, world_size, datetime.timedelta(seconds=timeout_s))
 
 
 def join_group(
     backend: str, host: str, port: int, timeout_s: float, world_size: int
-) -> tuple[dist.ProcessGroup, dist.TCPStore]:
+) -> tuple[Group, TCPStore]:
     """An engine worker's side. Ranks 1..N are handed out by the store in the order workers arrive,
     so replicas need no rank of their own from the caller."""
     timeout = datetime.timedelta(seconds=timeout_s)
-    store = dist.TCPStore(host, port, world_size, False, timeout=timeout)
+    store = TCPStore(host, port, world_size, False, timeout=timeout)
     rank = int(store.add(_RANK_COUNTER, 1))
     return _group_on(store, backend, rank, world_size, timeout), store
 
 
 def _group_on(
-    store: dist.Store, backend: str, rank: int, world_size: int, timeout: datetime.timedelta
-) -> dist.ProcessGroup:
+    store: Store, backend: str, rank: int, world_size: int, timeout: datetime.timedelta
+) -> Group:
     if backend == "gloo":
-        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+        return cast(Group, dist.ProcessGroupGloo(store, rank, world_size, timeout))
     if backend == "nccl":
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, world_size, options)
+        return cast(Group, dist.ProcessGroupNCCL(store, rank, world_size, options))
     raise ValueError(f"backend={backend!r}; allowed: 'gloo', 'nccl'")
 
 
-def broadcast(group: dist.ProcessGroup, tensor: torch.Tensor) -> None:
+def broadcast(group: Group, tensor: torch.Tensor) -> None:
     group.broadcast(tensor, TRAINER_RANK).wait()

@@ -47,9 +47,13 @@ class CudaIpcBridge:
                 "memory); on this machine use weight_bridge=reload, lora, nccl or checkpoint"
             )
         if not isinstance(engine, VllmEngine) or engine.device_ids is not None:
-            problems.append("weight_bridge=ipc needs a vLLM engine on the trainer's GPU (placement=colocated, rollout.device_ids=null)")
+            problems.append(
+                "weight_bridge=ipc needs a vLLM engine on the trainer's GPU (placement=colocated, rollout.device_ids=null)"
+            )
         elif engine.enable_sleep_mode:
-            problems.append("weight_bridge=ipc cannot use rollout.enable_sleep_mode=true: a sleeping engine would free the trainer's weights")
+            problems.append(
+                "weight_bridge=ipc cannot use rollout.enable_sleep_mode=true: a sleeping engine would free the trainer's weights"
+            )
         if not isinstance(policy, FullFinetunePolicy):
             problems.append(f"weight_bridge=ipc needs policy=full, got {type(policy).__name__}")
         return problems

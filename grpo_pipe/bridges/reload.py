@@ -54,7 +54,7 @@ class ReloadBridge:
     def engine_options(self) -> dict[str, Any]:
         return {}
 
-    def connect(self, engine: InProcessModelEngine, policy: Policy) -> None:
+    def connect(self, engine: VllmEngine, policy: Policy) -> None:  # `check` refused any other engine
         self.engine = engine
         if engine.in_process:
             return

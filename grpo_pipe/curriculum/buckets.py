@@ -10,7 +10,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -91,7 +91,8 @@ def kde_density(normalised: np.ndarray, grid: np.ndarray, bandwidth: Bandwidth) 
         kde = gaussian_kde(normalised, bw_method=bandwidth)
     except np.linalg.LinAlgError:  # singular covariance: effectively a single value
         return np.zeros_like(grid), 0.0
-    return kde(grid), float(kde.factor * np.std(normalised, ddof=1))
+    factor = cast(float, kde.factor)  # scipy documents a float; its inferred type is a wide union
+    return kde(grid), float(factor * np.std(normalised, ddof=1))
 
 
 def valleys(grid: np.ndarray, density: np.ndarray, max_count: int) -> list[float]:

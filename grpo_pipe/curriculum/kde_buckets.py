@@ -59,7 +59,7 @@ class KdeBucketCurriculum:
         self.n_buckets = n_buckets
         self.ema_decay = ema_decay  # weight of the history: ema = decay·ema + (1 − decay)·step mean
         self.refit_every = refit_every
-        self.bandwidth = bandwidth
+        self.bandwidth: Bandwidth = bandwidth
         self.seed = seed
         self.passes = ShuffledPasses(seed)
         self.ema: dict[str, float] = {}  # task uid -> smoothed reward

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 from grpo_pipe.data.rows import SkippedRows
 from grpo_pipe.rewards.answers import parse_number
@@ -98,5 +99,5 @@ class Gsm8kTasks:
             return local.read_text(encoding="utf-8", errors="replace").splitlines()
         from datasets import load_dataset  # only for online users without a local copy
 
-        rows = load_dataset(self.hub_id, "main", split=hub_split)
+        rows = cast("Iterable[dict[str, Any]]", load_dataset(self.hub_id, "main", split=hub_split))  # no format set: dicts
         return [json.dumps({"question": r["question"], "answer": r["answer"]}) for r in rows]

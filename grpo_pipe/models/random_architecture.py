@@ -5,14 +5,14 @@ trains one through the whole pipeline: its answers are noise, its speed and memo
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from grpo_pipe import env
 from grpo_pipe.models.cache import build_once
 from grpo_pipe.models.tiny_random import TinyRandomModel
 
 # Qwen2.5 architecture numbers from the published configs.
-QWEN25 = {
+QWEN25: dict[str, dict[str, Any]] = {  # Qwen2Config fields
     "qwen2.5-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                          intermediate_size=4864, tie_word_embeddings=True),
     "qwen2.5-1.5b": dict(hidden_size=1536, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2,
@@ -55,6 +55,6 @@ def _build(name: str, out: Path, tokenizer_source: Path) -> None:
     config = Qwen2Config(**QWEN25[name], vocab_size=151936, max_position_embeddings=4096,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+        model = Qwen2ForCausalLM(config).bfloat16()
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

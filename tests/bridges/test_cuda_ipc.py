@@ -10,8 +10,9 @@ from tests.bridges.equality import train_sync_and_compare
 from tests.conftest import REPO
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="weight_bridge=ipc needs a CUDA GPU")
-GPU = ["data=gsm8k", "data.path=tests/fixtures/gsm8k", "data.train_file=test.jsonl", "weight_bridge=ipc", "rollout.dtype=bfloat16",
-       "trainer.dtype=bfloat16", "trainer.lr=2e-3", "rollout.gpu_memory_utilization=0.15", "rollout.max_num_seqs=16"]
+GPU = ["data=gsm8k", "data.path=tests/fixtures/gsm8k", "data.train_file=test.jsonl", "weight_bridge=ipc",
+       "rollout.dtype=bfloat16", "trainer.dtype=bfloat16", "trainer.lr=2e-3", "rollout.gpu_memory_utilization=0.15",
+       "rollout.max_num_seqs=16"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on machines without a GPU")

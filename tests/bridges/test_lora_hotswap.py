@@ -1,7 +1,7 @@
 import pytest
 
-from grpo_pipe.pipeline import build
 from grpo_pipe.config.validate import ConfigError
+from grpo_pipe.pipeline import build
 from tests.bridges.equality import train_sync_and_compare
 
 

@@ -50,7 +50,10 @@ def test_sleep_needs_sleep_mode(compose_cfg) -> None:
 def test_nested_component_of_a_reward_is_validated(compose_cfg) -> None:
     cfg = compose_cfg(["reward=inference_aware", "+reward.task_score.wrongg=1", "reward.task_score.correct=yes"])
     problems = "\n".join(_problems(cfg))
-    assert "reward.task_score.wrongg: unknown setting for CorrectnessReward; allowed: correct, unparsable, verifier, wrong" in problems
+    assert (
+        "reward.task_score.wrongg: unknown setting for CorrectnessReward; allowed: correct, unparsable, verifier, wrong"
+        in problems
+    )
     assert "reward.task_score.correct='yes': expected a number" in problems
 
 

@@ -25,7 +25,8 @@ def test_saved_dataset_folder_with_splits_and_metadata(tmp_path: Path) -> None:
 def test_folder_of_jsonl_files_split_by_file_name_and_held_out_fraction(tmp_path: Path) -> None:
     folder = tmp_path / "files"
     folder.mkdir()
-    lines = [json.dumps({"prompt": f"q{i}", "answer": str(i)}) for i in range(10)] + [json.dumps({"prompt": "no answer", "answer": None})]
+    lines = [json.dumps({"prompt": f"q{i}", "answer": str(i)}) for i in range(10)]
+    lines.append(json.dumps({"prompt": "no answer", "answer": None}))
     (folder / "train.jsonl").write_text("\n".join(lines) + "\n")
     data = HfDatasetTasks(str(folder), eval_split=None, eval_fraction=0.2, seed=3)
     assert data.config_problems() == []

@@ -8,7 +8,10 @@ from transformers import AutoTokenizer
 from grpo_pipe.models.hf import HfModel
 from grpo_pipe.models.tiny_random import TinyRandomModel
 
-TEMPLATE = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}[assistant] {% endif %}"
+TEMPLATE = (
+    "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[assistant] {% endif %}"
+)
 
 
 def _chat(folder: Path) -> str:

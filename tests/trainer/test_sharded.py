@@ -70,8 +70,12 @@ def _single(path: Path, policy: object | None = None, loss: dict | None = None, 
     return trainer
 
 
-def _sharded(path: Path, world_size: int, policy: object | None = None, loss: dict | None = None, **settings: object) -> ShardedTrainer:
-    trainer = ShardedTrainer(policy or FullFinetunePolicy(), world_size=world_size, loss=GRPOLoss(**(loss or {})), **(settings or SETTINGS))
+def _sharded(
+    path: Path, world_size: int, policy: object | None = None, loss: dict | None = None, **settings: object
+) -> ShardedTrainer:
+    trainer = ShardedTrainer(
+        policy or FullFinetunePolicy(), world_size=world_size, loss=GRPOLoss(**(loss or {})), **(settings or SETTINGS)
+    )
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     return trainer
 
@@ -117,7 +121,8 @@ def test_two_ranks_match_one_device_and_resume_at_world_size_one(ray_local: None
         one, two = single.step(groups, rewards, 1.0), sharded.step(groups, rewards, 1.0)
         for key in ("train/loss", "train/grad_norm", "train/clip_fraction"):
             assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-9), key
-        assert two["train/tokens"] == one["train/tokens"] and two["train/masked_truncated"] == one["train/masked_truncated"] == 1.0
+        assert two["train/tokens"] == one["train/tokens"]
+        assert two["train/masked_truncated"] == one["train/masked_truncated"] == 1.0
         assert two["train/active_samples"] == one["train/active_samples"] == 11.0
         assert sharded.version == single.version == 1
         _assert_same_weights(dict(sharded.policy.named_weights()), dict(single.policy.named_weights()))
@@ -134,7 +139,8 @@ def test_two_ranks_match_one_device_and_resume_at_world_size_one(ray_local: None
         groups2, rewards2 = _groups(seed=1)
         one, again = single.step(groups2, rewards2, 1.0), resumed.step(groups2, rewards2, 1.0)
         assert again["train/lr"] == pytest.approx(one["train/lr"])
-        assert one["train/kl"] > 0 and again["train/kl"] == pytest.approx(one["train/kl"], rel=1e-3, abs=1e-7)  # the reference is the start
+        # The reference is the start.
+        assert one["train/kl"] > 0 and again["train/kl"] == pytest.approx(one["train/kl"], rel=1e-3, abs=1e-7)
         # Four Adam updates in: an element whose gradient is near zero moves by a fraction of lr either
         # way with the summation order (Adam's step is lr-sized whatever the gradient's size); a wrong
         # resume (weights, moments, schedule) moves elements by ~lr = 1e-3.
@@ -177,6 +183,7 @@ def test_lora_two_ranks_match_one_device(ray_local: None, model_path: Path, tmp_
         sharded.close()
     from safetensors.torch import load_file
 
-    got, want = load_file(tmp_path / "adapter" / "adapter_model.safetensors"), load_file(tmp_path / "single" / "adapter_model.safetensors")
+    got = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    want = load_file(tmp_path / "single" / "adapter_model.safetensors")
     _assert_same_weights(got, want)
     assert (tmp_path / "adapter" / "adapter_config.json").exists()
