@@ -108,6 +108,22 @@ class RolloutEngine(Protocol):
 
 
 @runtime_checkable
+class InProcessModelEngine(Protocol):
+    """An engine whose model lives in this process, so a bridge can hand it tensors directly (a capability
+    users' own bridges ask for: see the README's extension example)."""
+
+    @property
+    def in_process(self) -> bool: ...  # false when the same class was started in its own process
+
+    @property
+    def weight_dtype(self) -> torch.dtype: ...
+
+    def reload_weights(self, weights: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Load Hugging Face-named tensors into the live model (vLLM fuses qkv / gate_up itself)."""
+        ...
+
+
+@runtime_checkable
 class WorkerRpcEngine(Protocol):
     """An engine whose workers run bridge code (`worker_extension_cls`), wherever they live."""
 

@@ -55,11 +55,18 @@ UNIT_MODULES = {
 }
 
 
+# Modules that start Ray clusters of their own: with `pytest -n 2 --dist loadgroup` they share one worker,
+# so two local clusters never run side by side (a second `ray.init()` may join the first one's cluster).
+RAY_MODULES = {"tests/placement/test_split.py", "tests/placement/test_multinode.py", "tests/trainer/test_sharded.py"}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         module = item.path.relative_to(REPO).as_posix()
         if module not in UNIT_MODULES:
             item.add_marker(pytest.mark.slow)
+        if module in RAY_MODULES:
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(scope="session", autouse=True)

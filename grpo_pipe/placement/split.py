@@ -195,6 +195,7 @@ class SplitPlacement:
             # leave an actor pending forever); the OS shares the real cores.
             needed = self.num_engines * self.engine_cpus + 1
             ray.init(
+                address="local",  # a private instance: never join whatever cluster `ray start` left on this machine
                 num_cpus=max(os.cpu_count() or 1, needed),
                 include_dashboard=False,
                 _node_ip_address=self.host,

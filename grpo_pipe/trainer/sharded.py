@@ -91,7 +91,7 @@ class ShardedTrainer:
         self.model_path = Path(model_path)
         self.pad_id = pad_id
         if not ray.is_initialized():  # placement=split starts Ray (or joins a cluster) first; else a local one
-            ray.init(num_cpus=max(self.world_size * self.cpus_per_rank + 1, 2), include_dashboard=False,
+            ray.init(address="local", num_cpus=max(self.world_size * self.cpus_per_rank + 1, 2), include_dashboard=False,
                      _node_ip_address="127.0.0.1", log_to_driver=True)
         self.workers = self._start_workers()
         host, port = ray.get(self.workers[0].address.remote())

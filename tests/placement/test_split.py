@@ -21,7 +21,7 @@ from tests.bridges.equality import train_sync_and_compare
 @pytest.fixture(scope="module", autouse=True)
 def local_ray() -> Iterator[None]:
     """One local Ray instance for the module (starting one costs seconds); placements reuse it."""
-    ray.init(num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1")
     yield
     ray.shutdown()
 

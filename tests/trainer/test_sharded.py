@@ -53,7 +53,7 @@ def _groups(seed: int = 0) -> tuple[list[RolloutGroup], list[float]]:
 def ray_local() -> Iterator[None]:
     import ray
 
-    ray.init(num_cpus=3, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     yield
     ray.shutdown()
 
