@@ -30,12 +30,11 @@ def job_context() -> JobContext:
     sweep_dir = None
     if hydra_cfg.mode == RunMode.MULTIRUN:
         sweep_dir = str(Path(hydra_cfg.sweep.dir).resolve())
-    overrides = hydra_cfg.job.override_dirname or ""
     return JobContext(
         output_dir=Path(hydra_cfg.runtime.output_dir),
-        run_name=overrides or "default",
+        run_name=hydra_cfg.job.override_dirname or "default",
         sweep_dir=sweep_dir,
-        tags=run_tags(sys.argv, dict(hydra_cfg.runtime.choices), overrides),
+        tags=run_tags(sys.argv, dict(hydra_cfg.runtime.choices), list(hydra_cfg.overrides.task)),
     )
 
 

@@ -63,7 +63,7 @@ class MlflowTracker:
         experiment: str = "grpo_pipe",
         artifact_location: str | None = "outputs/mlartifacts",
         system_metrics: bool = True,
-        system_metrics_interval_s: float = 10.0,
+        system_metrics_interval_s: int = 10,
     ) -> None:
         self.tracking_uri = _absolute_sqlite(mlflow_tracking_uri(tracking_uri))
         self.experiment = experiment

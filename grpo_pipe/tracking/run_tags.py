@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -27,9 +28,10 @@ def git_commit(folder: Path) -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-def run_tags(argv: Sequence[str], choices: Mapping[str, str | None], overrides: str) -> dict[str, str]:
-    """Commit of the running code, the command line, the job's overrides and `grpo_pipe.choice.<group>=<option>`."""
-    tags = {COMMAND_TAG: shlex.join(argv)[:MAX_TAG_CHARS], OVERRIDES_TAG: overrides[:MAX_TAG_CHARS]}
+def run_tags(argv: Sequence[str], choices: Mapping[str, str | None], overrides: Sequence[str]) -> dict[str, str]:
+    """Commit of the running code, the command line, the job's overrides (a JSON list: values may hold commas)
+    and `grpo_pipe.choice.<group>=<option>`."""
+    tags = {COMMAND_TAG: shlex.join(argv)[:MAX_TAG_CHARS], OVERRIDES_TAG: json.dumps(list(overrides))[:MAX_TAG_CHARS]}
     commit = git_commit(Path(__file__).resolve().parent)  # the code that runs, wherever the job was started
     if commit is not None:
         tags[COMMIT_TAG] = commit
