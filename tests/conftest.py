@@ -51,6 +51,7 @@ UNIT_MODULES = {
     "tests/rewards/test_correctness.py",
     "tests/data/test_gsm8k.py",
     "tests/data/test_reasoning_gym.py",
+    "tests/tracking/test_run_tags.py",
 }
 
 

@@ -6,12 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
-from mlflow.entities import Metric
 from mlflow.tracking import MlflowClient
 
 from grpo_pipe import report
-from grpo_pipe.run_state import RunSettings, objective_problem
-from grpo_pipe.tracking.comparison import find_parent, parse_overrides, read_children, table_rows, write_comparison
+from grpo_pipe.tracking.comparison import find_parent, read_children, table_rows, write_comparison
 from grpo_pipe.tracking.mlflow_tracker import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND, MlflowTracker
 from grpo_pipe.tracking.run_tags import run_tags
 
@@ -19,8 +17,10 @@ from grpo_pipe.tracking.run_tags import run_tags
 BRIDGES = {"reload": 0.25, "lora": 0.75, "nccl": 0.5}
 
 
-def _sweep(tmp_path: Path) -> tuple[MlflowClient, str, Path]:
-    """A parent and one child per bridge, written the way MlflowTracker writes them."""
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[MlflowClient, str, Path]:
+    """A parent and one child per bridge, written the way MlflowTracker writes them (one store: creating one takes seconds)."""
+    tmp_path = tmp_path_factory.mktemp("sweep-store")
     store = f"sqlite:///{tmp_path}/mlflow.db"
     sweep_dir = tmp_path / "sweep"
     sweep_dir.mkdir()
@@ -44,8 +44,8 @@ def _sweep(tmp_path: Path) -> tuple[MlflowClient, str, Path]:
     return client, tracker.parent_run_id or "", sweep_dir
 
 
-def test_the_comparison_has_a_row_per_child_plots_page_params_and_the_best(tmp_path: Path) -> None:
-    client, parent_id, _ = _sweep(tmp_path)
+def test_the_comparison_has_a_row_per_child_plots_page_params_and_the_best(sweep, tmp_path: Path) -> None:
+    client, parent_id, _ = sweep
     write_comparison(client, parent_id)
     write_comparison(client, parent_id)  # regenerated: replaced, not appended to
 
@@ -74,8 +74,8 @@ def test_the_comparison_has_a_row_per_child_plots_page_params_and_the_best(tmp_p
     assert json.loads(parent.data.tags["mlflow.loggedArtifacts"]) == [{"path": "comparison/comparison.json", "type": "table"}]
 
 
-def test_minimize_picks_the_lowest(tmp_path: Path) -> None:
-    client, parent_id, _ = _sweep(tmp_path)
+def test_minimize_picks_the_lowest(sweep, tmp_path: Path) -> None:
+    client, parent_id, _ = sweep
     children = read_children(client, parent_id)
     for child in children:
         child.direction, child.objective = "minimize", "eval/accuracy"
@@ -86,8 +86,8 @@ def test_minimize_picks_the_lowest(tmp_path: Path) -> None:
     assert table_rows(children)[0]["objective_best"] == 0.0  # the best of its history, in its direction
 
 
-def test_the_report_finds_the_parent_by_sweep_folder_or_run_id(tmp_path: Path, monkeypatch) -> None:
-    client, parent_id, sweep_dir = _sweep(tmp_path)
+def test_the_report_finds_the_parent_by_sweep_folder_or_run_id(sweep, tmp_path: Path, monkeypatch) -> None:
+    client, parent_id, sweep_dir = sweep
     assert find_parent(client, str(sweep_dir)) == parent_id == find_parent(client, parent_id)
     with pytest.raises(LookupError, match="no MLflow parent run"):
         find_parent(client, str(tmp_path))
@@ -118,24 +118,3 @@ def test_mlflow_tracking_uri_is_used_when_the_config_names_none(tmp_path: Path, 
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert MlflowTracker(None).tracking_uri.endswith("/outputs/mlflow.db")
     assert MlflowTracker("http://127.0.0.1:1", artifact_location="x").artifact_location is None  # the server decides
-
-
-def test_run_tags_name_commit_command_overrides_and_choices() -> None:
-    tags = run_tags(["python", "-m", "grpo_pipe", "a=1,2"], {"weight_bridge": "lora", "hydra/sweeper": "basic",
-                                                            "experiment": None}, ["a=1,2"])
-    assert tags["grpo_pipe.choice.weight_bridge"] == "lora" and "grpo_pipe.choice.experiment" not in tags
-    assert not [k for k in tags if "hydra" in k]
-    assert tags["grpo_pipe.command"] == "python -m grpo_pipe a=1,2"
-    assert parse_overrides(tags["grpo_pipe.overrides"]) == {"a": "1,2"}  # a value with a comma survives
-    assert len(tags.get("grpo_pipe.git_commit", "x" * 40)) >= 40  # this checkout is a git repository
-
-
-def test_objective_names_are_checked_before_anything_loads() -> None:
-    assert objective_problem("eval/accuracy") is None and objective_problem("summary/step_s") is None
-    assert objective_problem("eval/reward/latency_ms") is None and objective_problem("eval/pass_at_4") is None
-    problem = objective_problem("eval/acuracy")
-    assert problem is not None and problem.startswith("objective='eval/acuracy': allowed:")
-    assert RunSettings(objective="summary/nope").config_problems() == [objective_problem("summary/nope")]
-    settings = RunSettings(objective="summary/step_s", objective_direction="minimize")
-    assert settings.objective_value({"summary/step_s": 2.5}) == 2.5
-    assert settings.objective_value({}) != settings.objective_value({})  # NaN: a failed trial to a sweeper
