@@ -37,8 +37,19 @@ class EndSweepRun(Callback):
         for run in client.search_runs([experiment.experiment_id], filter_string=query):
             parent_id = run.info.run_id
             try:
+                _log_sweep_files(client, parent_id, Path(sweep_dir))
                 write_comparison(client, parent_id)
             except Exception:
                 log.exception("Comparison of sweep %s failed; retry: python -m grpo_pipe.report %s", sweep_dir, parent_id)
             client.set_terminated(parent_id, status="FINISHED")
             log.info("Sweep parent MLflow run %s finished", parent_id)
+
+
+# What the sweeper writes beside the jobs: the sweep's own config, and Optuna's best trial.
+SWEEP_FILES = ("multirun.yaml", "optimization_results.yaml")
+
+
+def _log_sweep_files(client: Any, parent_id: str, sweep_dir: Path) -> None:
+    for name in SWEEP_FILES:
+        if (sweep_dir / name).is_file():
+            client.log_artifact(parent_id, str(sweep_dir / name), "sweep")
