@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from grpo_pipe.run_state import RunSettings, objective_problem
 from grpo_pipe.tracking.comparison import parse_overrides
 from grpo_pipe.tracking.run_tags import run_tags
@@ -26,3 +28,13 @@ def test_objective_names_are_checked_before_anything_loads() -> None:
     settings = RunSettings(objective="summary/step_s", objective_direction="minimize")
     assert settings.objective_value({"summary/step_s": 2.5}) == 2.5
     assert settings.objective_value({}) != settings.objective_value({})  # NaN: a failed trial to a sweeper
+
+
+def test_an_unknown_objective_is_a_config_error_before_anything_loads(compose_cfg) -> None:
+    from grpo_pipe.components import build
+    from grpo_pipe.config.validate import ConfigError
+
+    with pytest.raises(ConfigError, match=r"run\.objective='eval/acuracy': allowed: eval/accuracy"):
+        build(compose_cfg(["run.objective=eval/acuracy"]))
+    with pytest.raises(ConfigError, match=r"run\.objective_direction"):
+        build(compose_cfg(["run.objective_direction=up"]))

@@ -91,7 +91,7 @@ def sweep(server: str, tmp_path_factory: pytest.TempPathFactory) -> Sweep:
     overrides = [o for o in TINY if not o.startswith(("trainer.steps", "run.eval_size"))]
     proc = subprocess.run(
         [sys.executable, "-m", "grpo_pipe", "-m", f"weight_bridge={','.join(BRIDGES)}", *overrides,
-         "trainer.steps=2", "run.eval_size=2", f"logger.tracking_uri={server}", "logger.system_metrics_interval_s=1",
+         "trainer.steps=1", "run.eval_size=2", f"logger.tracking_uri={server}", "logger.system_metrics_interval_s=1",
          f"hydra.sweep.dir={workdir}/sweep"],
         cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"},
     )
