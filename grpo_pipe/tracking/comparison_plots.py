@@ -130,7 +130,7 @@ def write_page(
     """One self-contained page: the best run, the table, then every plot."""
     headline = "No run logged its objective." if best is None else (
         f"Best by {html.escape(best.objective)} ({html.escape(best.direction)}): <b>{html.escape(best.label)}</b> "
-        f"= {best.last[best.objective]:.4g}"
+        f"= {best.last[best.objective]:.4g}{_ties(rows, best)}"
     )
     figures = "\n".join(
         f'<h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" src="data:image/png;base64,'
@@ -144,6 +144,12 @@ def write_page(
         "td:first-child{text-align:left;font-weight:bold}img{max-width:100%}</style></head><body>"
         f"<h1>Sweep comparison: {len(rows)} runs</h1><p>{headline}</p>{_table(rows, best)}{figures}</body></html>"
     )
+
+
+def _ties(rows: Sequence[Mapping[str, Any]], best: ChildResult) -> str:
+    """A first place shared with others is no answer: say so."""
+    others = sum(row["objective_final"] == best.last[best.objective] for row in rows) - 1
+    return f" (tied with {others} other run{'s' if others > 1 else ''})" if others > 0 else ""
 
 
 def _table(rows: Sequence[Mapping[str, Any]], best: ChildResult | None) -> str:
