@@ -18,7 +18,9 @@ log = logging.getLogger("grpo_pipe.report")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m grpo_pipe.report", description="(Re)write a sweep's comparison on its MLflow parent run.")
+    parser = argparse.ArgumentParser(
+        prog="python -m grpo_pipe.report", description="(Re)write a sweep's comparison on its MLflow parent run."
+    )
     parser.add_argument("target", help="the sweep's folder (hydra.sweep.dir) or its parent run's id")
     parser.add_argument("--tracking-uri", default=None, help="MLflow store; default $MLFLOW_TRACKING_URI, then sqlite:///outputs/mlflow.db")
     args = parser.parse_args(argv)
