@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -14,11 +15,15 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from grpo_pipe.config.validate import ConfigError
+from grpo_pipe.tracking.run_tags import run_tags
+
+if TYPE_CHECKING:  # the pipeline imports torch: only a job pays for that, not `--help`
+    from grpo_pipe.pipeline import JobContext
 
 log = logging.getLogger("grpo_pipe")
 
 
-def job_context() -> "JobContext":
+def job_context() -> JobContext:
     from grpo_pipe.pipeline import JobContext
 
     hydra_cfg = HydraConfig.get()
@@ -29,12 +34,14 @@ def job_context() -> "JobContext":
         output_dir=Path(hydra_cfg.runtime.output_dir),
         run_name=hydra_cfg.job.override_dirname or "default",
         sweep_dir=sweep_dir,
+        tags=run_tags(sys.argv, dict(hydra_cfg.runtime.choices), list(hydra_cfg.overrides.task)),
     )
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> None:
-    from grpo_pipe.pipeline import run
+def main(cfg: DictConfig) -> float:
+    """Run one job; returns `run.objective` (NaN when the run did not log it) for a sweeper such as Optuna."""
+    from grpo_pipe.pipeline import objective_value, run
 
     try:
         result = run(cfg, job_context())
@@ -47,6 +54,7 @@ def main(cfg: DictConfig) -> None:
         # loaded machine), which no grace deadline can bound (daemon threads stop running during it).
         logging.shutdown()
         os._exit(128 + signal.Signals[result.stopped_by].value)
+    return objective_value(cfg, result)
 
 
 if __name__ == "__main__":

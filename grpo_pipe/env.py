@@ -53,3 +53,14 @@ def fast_scratch_dir() -> str | None:
     """A RAM-backed folder for short-lived hand-over files (LoRA adapters), when the machine has one."""
     shm = Path("/dev/shm")
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+
+
+DEFAULT_TRACKING_URI = "sqlite:///outputs/mlflow.db"
+
+
+def mlflow_tracking_uri(configured: str | None = None) -> str:
+    """The MLflow store to use. Precedence: a `logger.tracking_uri` given in the config or on the command
+    line, then $MLFLOW_TRACKING_URI, then a sqlite file under outputs/ (the config ships `null`)."""
+    if configured:
+        return configured
+    return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI

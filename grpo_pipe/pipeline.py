@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from grpo_pipe.checkpointing import Checkpoint, config_differences, find_resume_checkpoint
@@ -20,9 +21,10 @@ from grpo_pipe.config.validate import ConfigError
 from grpo_pipe.interfaces import Tracker
 from grpo_pipe.progress import format_metrics
 from grpo_pipe.recipe import GRPORecipe, RunResult
+from grpo_pipe.run_state import RunSettings
 from grpo_pipe.stopping import StopRequest
 
-__all__ = ["PLAIN_KEYS", "VALIDATED_GROUPS", "Components", "JobContext", "RunResult", "build", "run"]
+__all__ = ["PLAIN_KEYS", "VALIDATED_GROUPS", "Components", "JobContext", "RunResult", "build", "objective_value", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,7 @@ class JobContext:
     output_dir: Path
     run_name: str
     sweep_dir: str | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)  # commit, command line, chosen options (tracking/run_tags)
 
 
 def run(cfg: DictConfig, job: JobContext) -> RunResult:
@@ -47,7 +50,7 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
         parts.checkpoint.attach(job.output_dir)
     tracker.start(
         parts.run.name or job.run_name,
-        tags={"grpo_pipe.output_dir": str(job.output_dir)},
+        tags={"grpo_pipe.output_dir": str(job.output_dir), **job.tags},
         sweep_dir=job.sweep_dir,
         resume_run_id=resume_from.loop_state()["mlflow_run_id"] if resume_from is not None else None,
     )
@@ -69,6 +72,12 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
     finally:
         recipe.cleanup()
         tracker.close(status)
+
+
+def objective_value(cfg: DictConfig, result: RunResult) -> float:
+    """`run.objective` of a finished job, from its final evaluation and end-of-run summary (for a sweeper)."""
+    settings: RunSettings = instantiate(cfg.run)
+    return settings.objective_value({**result.final_eval, **result.summary})
 
 
 def _setup_and_train(recipe: GRPORecipe, resume_from: Checkpoint | None, stop: StopRequest) -> RunResult:

@@ -2,10 +2,34 @@
 
 from __future__ import annotations
 
+import logging
+import math
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from grpo_pipe.evaluation import EvalPlan, metric_problem
+
+log = logging.getLogger(__name__)
+
+# End-of-run numbers a job can return to a sweeper (RunResult.final_eval and .summary).
+SUMMARY_OBJECTIVES = (
+    "reward_first_quarter", "reward_last_quarter", "step_s", "loop_s", "overlap_fraction", "engine_idle_fraction",
+    "trainer_idle_fraction", "groups_dropped", "in_flight_updated_fraction",
+)
+EVAL_OBJECTIVE = re.compile(r"eval/(accuracy|score|generated_tokens_mean|truncated_fraction|pass_at_\d+|reward/[\w./-]+)")
+
+
+def objective_problem(objective: str) -> str | None:
+    """Why `objective` cannot name an end-of-run metric, or None."""
+    if EVAL_OBJECTIVE.fullmatch(objective) or objective.removeprefix("summary/") in SUMMARY_OBJECTIVES:
+        return None
+    return (
+        f"objective={objective!r}: allowed: eval/accuracy, eval/score, eval/reward/mean, eval/reward/<term>, "
+        f"eval/pass_at_<k>, eval/generated_tokens_mean, eval/truncated_fraction, or "
+        + ", ".join(f"summary/{name}" for name in SUMMARY_OBJECTIVES)
+    )
 
 
 @dataclass(frozen=True)
@@ -28,10 +52,20 @@ class RunSettings:
     shutdown_grace_s: float = 30.0  # after a stop signal the process ends within this, finished or not
     eval_metric: str = "accuracy"  # eval/score: accuracy (the reward's notion of solved) | reward | reward/<term>
     eval_pass_k: int = 0  # k sampled completions per held-out task for eval/pass_at_<k>; 0 = greedy only
+    objective: str = "eval/accuracy"  # what the job returns to a sweeper (Optuna) and what a sweep's comparison ranks by
+    objective_direction: Literal["maximize", "minimize"] = "maximize"
 
     def config_problems(self) -> list[str]:
-        problem = metric_problem(self.eval_metric)
-        return [problem] if problem else []
+        problems = [metric_problem(self.eval_metric), objective_problem(self.objective)]
+        return [p for p in problems if p]
+
+    def objective_value(self, end_metrics: Mapping[str, float]) -> float:
+        """The objective out of the run's end-of-run metrics; NaN (a failed trial to Optuna) when it was not logged."""
+        value = end_metrics.get(self.objective)
+        if value is None or not math.isfinite(value):
+            log.warning("run.objective=%s was not logged by this run; returning NaN", self.objective)
+            return math.nan
+        return float(value)
 
     def eval_plan(self) -> EvalPlan:
         return EvalPlan(self.eval_max_new_tokens, self.eval_metric, self.eval_pass_k, self.temperature, self.seed)

@@ -25,6 +25,7 @@ class StepRecorder:
         # This process's loop only, like train_spans: samples trained on, and those new weights reached mid-way.
         self.samples = 0
         self.samples_updated_in_flight = 0
+        self.step_seconds: list[float] = []  # wall time of each step of this process's loop
         self._metrics: dict[str, float] = {}
         self._started = 0.0
 
@@ -43,7 +44,9 @@ class StepRecorder:
         self.samples_updated_in_flight += sum(bool(c.version_switches) for c in completions)
         gen_s = taken.generated.finished_s - taken.generated.started_s
         self.add(step_metrics.rollout_metrics(taken.groups, gen_s))
-        self.add(step_metrics.async_metrics(taken, dropped, scheduler))
+        # Only a loop that runs ahead has staleness, queues and drops: in a synchronous one they are charts of zeros.
+        if scheduler.max_staleness > 0 or scheduler.stale_policy == "drop":
+            self.add(step_metrics.async_metrics(taken, dropped, scheduler))
 
     def scores(self, step: int, groups: Sequence[RolloutGroup], scored: RewardOutput) -> None:
         self.add(step_metrics.reward_metrics(scored))
@@ -70,6 +73,7 @@ class StepRecorder:
         metrics["policy/version"] = float(policy_version)
         metrics["engine/restarts"] = float(engine_restarts)
         metrics["time/step_s"] = time.perf_counter() - self._started
+        self.step_seconds.append(metrics["time/step_s"])
         self.step_rewards.append(metrics["train/reward/mean"])
         return metrics
 
@@ -79,4 +83,5 @@ class StepRecorder:
             **step_metrics.quarter_summary(self.step_rewards),
             **step_metrics.overlap_summary(scheduler, self.train_spans, self.wait_s, loop_s),
             "summary/in_flight_updated_fraction": self.samples_updated_in_flight / max(self.samples, 1),
+            "summary/step_s": sum(self.step_seconds) / max(len(self.step_seconds), 1),
         }

@@ -52,6 +52,7 @@ UNIT_MODULES = {
     "tests/data/test_gsm8k.py",
     "tests/data/test_reasoning_gym.py",
     "tests/test_lint.py",
+    "tests/tracking/test_run_tags.py",
 }
 
 

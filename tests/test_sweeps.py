@@ -1,5 +1,7 @@
-"""Every sweep in sweeps/ composes; the bridge comparison really runs: one parent, a child per bridge."""
+"""Every sweep in sweeps/ composes; the bridge comparison really runs: one parent, a child per bridge, and
+the comparison of the bridges on the parent."""
 
+import json
 import os
 import subprocess
 import sys
@@ -41,3 +43,26 @@ def test_compare_bridges_gives_a_child_per_bridge_with_sync_metrics(tmp_path: Pa
     for child in children:
         assert child.data.metrics["policy/version"] == 2.0
         assert child.data.metrics["sync/bytes"] > 0 and child.data.metrics["sync/total_s"] > 0
+        assert child.data.tags["grpo_pipe.choice.weight_bridge"] in {"reload", "lora", "nccl", "checkpoint"}
+        assert child.data.tags["grpo_pipe.choice.sweeps"] == "compare_bridges"
+        assert not [k for k in child.data.metrics if k.startswith("async/")]  # a synchronous loop
+        assert child.data.metrics["Headline/reward"] == child.data.metrics["train/reward/mean"]
+    _assert_the_parent_compares_the_bridges(client, parents[0], children, tmp_path)
+
+
+def _assert_the_parent_compares_the_bridges(client: MlflowClient, parent, children, tmp_path: Path) -> None:
+    """The end-of-sweep callback wrote the comparison: a row per bridge, the plots, the page, params, best."""
+    parent_id = parent.info.run_id
+    assert client.get_run(parent_id).info.status == "FINISHED"
+    table = json.loads(Path(client.download_artifacts(parent_id, "comparison/comparison.json", str(tmp_path))).read_text())
+    rows = {row[0]: dict(zip(table["columns"], row)) for row in table["data"]}
+    assert set(rows) == {f"weight_bridge={b}" for b in ("reload", "lora", "nccl", "checkpoint")}
+    for row in rows.values():
+        assert row["status"] == "FINISHED" and row["sync_total_s"] > 0 and row["sync_bytes_total"] > 0
+        assert row["rollout_tokens_per_s"] > 0 and row["step_s"] > 0 and row["objective"] == "eval/accuracy"
+    files = {f.path.rsplit("/", 1)[-1] for f in client.list_artifacts(parent_id, "comparison")}
+    assert {"curves.png", "sync_breakdown.png", "throughput.png", "comparison.html"} <= files
+    params = client.get_run(parent_id).data.params
+    assert sorted(params["weight_bridge"].split(",")) == ["checkpoint", "lora", "nccl", "reload"]
+    best = max(c.data.metrics["eval/accuracy"] for c in children)
+    assert client.get_run(parent_id).data.metrics["best/eval/accuracy"] == best

@@ -2,6 +2,10 @@
 
 Jobs of one sweep find their parent by a tag holding the sweep directory, so this works with any
 Hydra launcher (sequential or parallel) without state shared between jobs.
+
+What a person sees first in the MLflow UI is arranged here: the experiment is marked as model training
+(not GenAI), and the few numbers that answer "did it learn, and how fast" are copied under `Headline/`,
+which sorts before every lower-case section of the chart view.
 """
 
 from __future__ import annotations
@@ -12,11 +16,32 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from grpo_pipe.env import mlflow_tracking_uri
+
 log = logging.getLogger(__name__)
 
 SWEEP_TAG = "grpo_pipe.sweep_dir"
 ROLE_TAG = "grpo_pipe.role"
 MAX_PARAM_CHARS = 6000  # MLflow's limit on one param value
+# MLflow 3 opens an experiment in its GenAI view unless it is marked as model development.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+MODEL_TRAINING_KIND = "custom_model_development"
+# The 3.17 UI reads the view from this URL parameter (or the browser's last choice), not from the tag.
+TRAINING_VIEW_QUERY = "workflowType=machine_learning"
+# Copies that lead the chart view: MLflow groups charts by the prefix before `/`, sorted by character
+# code, so an upper-case `Headline/` section comes before `async/`, `eval/`, `rollout/`, `sync/`, ...
+HEADLINE = {
+    "train/reward/mean": "Headline/reward",
+    "eval/accuracy": "Headline/eval_accuracy",
+    "sync/total_s": "Headline/sync_s",
+    "rollout/tokens_per_s": "Headline/rollout_tokens_per_s",
+    "time/step_s": "Headline/step_s",
+}
+
+
+def is_local_store(uri: str) -> bool:
+    """A store this process writes itself (sqlite, files), as opposed to a tracking server."""
+    return not uri.startswith(("http://", "https://", "databricks"))
 
 
 def _absolute_sqlite(uri: str) -> str:
@@ -34,16 +59,23 @@ class MlflowTracker:
 
     def __init__(
         self,
-        tracking_uri: str = "sqlite:///outputs/mlflow.db",
+        tracking_uri: str | None = None,
         experiment: str = "grpo_pipe",
-        artifact_location: str = "outputs/mlartifacts",
+        artifact_location: str | None = "outputs/mlartifacts",
+        system_metrics: bool = True,
+        system_metrics_interval_s: int = 10,
     ) -> None:
-        self.tracking_uri = _absolute_sqlite(tracking_uri)
+        self.tracking_uri = _absolute_sqlite(mlflow_tracking_uri(tracking_uri))
         self.experiment = experiment
-        self.artifact_location = Path(artifact_location).resolve().as_uri()
+        # A server stores artifacts where it was told to (and serves them); only a local store needs a folder.
+        local = artifact_location is not None and is_local_store(self.tracking_uri)
+        self.artifact_location = Path(artifact_location).resolve().as_uri() if local and artifact_location else None
+        self.system_metrics = system_metrics
+        self.system_metrics_interval_s = system_metrics_interval_s
         self.run_id: str | None = None
         self.parent_run_id: str | None = None
         self._client: Any = None
+        self._monitor: Any = None
 
     def start(
         self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None, resume_run_id: str | None = None
@@ -56,6 +88,7 @@ class MlflowTracker:
             self._client.update_run(resume_run_id, status="RUNNING")
             self.run_id = resume_run_id
             self.parent_run_id = self._client.get_run(resume_run_id).data.tags.get("mlflow.parentRunId")
+            self._start_system_metrics(resumed=True)
             return
         experiment_id = self._experiment_id()
         all_tags = dict(tags)
@@ -65,15 +98,31 @@ class MlflowTracker:
             all_tags[ROLE_TAG] = "child"
         run = self._client.create_run(experiment_id, run_name=run_name, tags=all_tags)
         self.run_id = run.info.run_id
+        self._start_system_metrics(resumed=False)
 
     def _experiment_id(self) -> str:
         found = self._client.get_experiment_by_name(self.experiment)
-        if found is not None:
-            return found.experiment_id
-        try:
-            return self._client.create_experiment(self.experiment, artifact_location=self.artifact_location)
-        except Exception:  # created concurrently by another job of the sweep
-            return self._client.get_experiment_by_name(self.experiment).experiment_id
+        if found is None:
+            try:
+                found_id = self._client.create_experiment(self.experiment, artifact_location=self.artifact_location)
+            except Exception:  # created concurrently by another job of the sweep
+                found_id = self._client.get_experiment_by_name(self.experiment).experiment_id
+            found = self._client.get_experiment(found_id)
+        if found.tags.get(EXPERIMENT_KIND_TAG) != MODEL_TRAINING_KIND:
+            self._client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND)
+        return found.experiment_id
+
+    def _start_system_metrics(self, resumed: bool) -> None:
+        """MLflow's CPU / memory / disk / network (and GPU, with nvidia-ml-py) sampler, in a thread of this process."""
+        if not self.system_metrics:
+            return
+        from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+        self._monitor = SystemMetricsMonitor(
+            self._run(), sampling_interval=self.system_metrics_interval_s, resume_logging=resumed,
+            tracking_uri=self.tracking_uri,
+        )
+        self._monitor.start()
 
     def _find_or_create_parent(self, experiment_id: str, sweep_dir: str) -> str:
         query = f"tags.`{SWEEP_TAG}` = '{sweep_dir}' and tags.`{ROLE_TAG}` = 'parent'"
@@ -99,7 +148,10 @@ class MlflowTracker:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(k, float(v), now, step) for k, v in metrics.items() if v is not None and math.isfinite(float(v))]
+        with_headline = {**metrics, **{HEADLINE[k]: v for k, v in metrics.items() if k in HEADLINE}}
+        items = [
+            Metric(k, float(v), now, step) for k, v in with_headline.items() if v is not None and math.isfinite(float(v))
+        ]
         for start in range(0, len(items), 1000):
             self._client.log_batch(self._run(), metrics=items[start : start + 1000])
 
@@ -124,13 +176,12 @@ class MlflowTracker:
             self._client.set_tag(self._run(), key, value)
 
     def describe(self) -> str:
-        store = self.tracking_uri
-        return (
-            f"MLflow run {self.run_id} (experiment '{self.experiment}') in {store}\n"
-            f"  open the UI: mlflow ui --backend-store-uri {store} --host 127.0.0.1 --port 5000"
-        )
+        return describe_store(self.tracking_uri, self.experiment, self._experiment_id(), self.run_id)
 
     def close(self, status: str = "FINISHED") -> None:
+        if self._monitor is not None:
+            self._monitor.finish()  # before the run ends: it logs its last samples to the run
+            self._monitor = None
         if self._client is not None and self.run_id is not None:
             self._client.set_terminated(self.run_id, status=status)
             if self.parent_run_id is not None:
@@ -141,3 +192,16 @@ class MlflowTracker:
         if self.run_id is None:
             raise RuntimeError("tracker used before start()")
         return self.run_id
+
+
+def describe_store(store: str, experiment: str, experiment_id: str, run_id: str | None) -> str:
+    """Where the run is and the link that opens MLflow on the training view of its experiment."""
+    if is_local_store(store):
+        base = "http://127.0.0.1:5000"
+        serve = f"  start the UI: mlflow ui --backend-store-uri {store} --host 127.0.0.1 --port 5000\n"
+    else:
+        base, serve = store.rstrip("/"), ""
+    return (
+        f"MLflow run {run_id} (experiment '{experiment}') in {store}\n"
+        f"{serve}  open: {base}/#/experiments/{experiment_id}?{TRAINING_VIEW_QUERY}"
+    )

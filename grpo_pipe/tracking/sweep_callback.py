@@ -1,12 +1,14 @@
-"""Marks a multirun's MLflow parent run finished when the sweep ends.
+"""When a multirun ends: mark its MLflow parent run finished and write the comparison of its children on it.
 
-Only cosmetic bookkeeping lives here: Hydra turns a callback's exception into a warning, so nothing
-that must happen for correctness may depend on it (children attach to the parent themselves).
+Hydra turns a callback's exception into a warning, so nothing that must happen for correctness may depend
+on this (children attach to the parent themselves), and a failure here is logged in full: the comparison
+can be written again later with `python -m grpo_pipe.report <sweep folder>`.
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
@@ -22,14 +24,32 @@ class EndSweepRun(Callback):
             return
         from mlflow.tracking import MlflowClient
 
+        from grpo_pipe.env import mlflow_tracking_uri
+        from grpo_pipe.tracking.comparison import write_comparison
         from grpo_pipe.tracking.mlflow_tracker import ROLE_TAG, SWEEP_TAG, _absolute_sqlite
 
-        client = MlflowClient(tracking_uri=_absolute_sqlite(config.logger.tracking_uri))
+        client = MlflowClient(tracking_uri=_absolute_sqlite(mlflow_tracking_uri(config.logger.get("tracking_uri"))))
         experiment = client.get_experiment_by_name(config.logger.experiment)
         if experiment is None:
             return
-        sweep_dir = str(config.hydra.sweep.dir)
+        sweep_dir = str(Path(config.hydra.sweep.dir).resolve())
         query = f"tags.`{SWEEP_TAG}` = '{sweep_dir}' and tags.`{ROLE_TAG}` = 'parent'"
         for run in client.search_runs([experiment.experiment_id], filter_string=query):
-            client.set_terminated(run.info.run_id, status="FINISHED")
-            log.info("Sweep parent MLflow run %s finished", run.info.run_id)
+            parent_id = run.info.run_id
+            try:
+                _log_sweep_files(client, parent_id, Path(sweep_dir))
+                write_comparison(client, parent_id)
+            except Exception:
+                log.exception("Comparison of sweep %s failed; retry: python -m grpo_pipe.report %s", sweep_dir, parent_id)
+            client.set_terminated(parent_id, status="FINISHED")
+            log.info("Sweep parent MLflow run %s finished", parent_id)
+
+
+# What the sweeper writes beside the jobs: the sweep's own config, and Optuna's best trial.
+SWEEP_FILES = ("multirun.yaml", "optimization_results.yaml")
+
+
+def _log_sweep_files(client: Any, parent_id: str, sweep_dir: Path) -> None:
+    for name in SWEEP_FILES:
+        if (sweep_dir / name).is_file():
+            client.log_artifact(parent_id, str(sweep_dir / name), "sweep")

@@ -1,0 +1,41 @@
+"""Tags that let a person filter runs in MLflow: the code version, the command, and each config group's option."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+COMMIT_TAG = "grpo_pipe.git_commit"
+COMMAND_TAG = "grpo_pipe.command"
+OVERRIDES_TAG = "grpo_pipe.overrides"
+CHOICE_PREFIX = "grpo_pipe.choice."
+MAX_TAG_CHARS = 5000  # MLflow's limit on a tag value is 8000; commands get long with many overrides
+
+
+def git_commit(folder: Path) -> str | None:
+    """The commit checked out in `folder`'s repository, with `+dirty` when files differ; None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=folder, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=folder,
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):  # no git installed, or a hung file system
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def run_tags(argv: Sequence[str], choices: Mapping[str, str | None], overrides: Sequence[str]) -> dict[str, str]:
+    """Commit of the running code, the command line, the job's overrides (a JSON list: values may hold commas)
+    and `grpo_pipe.choice.<group>=<option>`."""
+    tags = {COMMAND_TAG: shlex.join(argv)[:MAX_TAG_CHARS], OVERRIDES_TAG: json.dumps(list(overrides))[:MAX_TAG_CHARS]}
+    commit = git_commit(Path(__file__).resolve().parent)  # the code that runs, wherever the job was started
+    if commit is not None:
+        tags[COMMIT_TAG] = commit
+    for group, option in choices.items():
+        if option is not None and not group.startswith("hydra"):
+            tags[CHOICE_PREFIX + group] = str(option)
+    return tags

@@ -1,0 +1,120 @@
+"""The sweep comparison from a real MLflow store (sqlite), populated directly through MlflowClient."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from grpo_pipe import report
+from grpo_pipe.tracking.comparison import find_parent, read_children, table_rows, write_comparison
+from grpo_pipe.tracking.mlflow_tracker import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND, MlflowTracker
+from grpo_pipe.tracking.run_tags import run_tags
+
+# Three bridges of one sweep: step -> (reward, sync phases), and a final accuracy each; lora is best.
+BRIDGES = {"reload": 0.25, "lora": 0.75, "nccl": 0.5}
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[MlflowClient, str, Path]:
+    """A parent and one child per bridge, written the way MlflowTracker writes them (one store: creating one takes seconds)."""
+    tmp_path = tmp_path_factory.mktemp("sweep-store")
+    store = f"sqlite:///{tmp_path}/mlflow.db"
+    sweep_dir = tmp_path / "sweep"
+    sweep_dir.mkdir()
+    tracker = MlflowTracker(store, artifact_location=str(tmp_path / "artifacts"), system_metrics=False)
+    for index, (bridge, accuracy) in enumerate(BRIDGES.items()):
+        overrides = [f"weight_bridge={bridge}", "trainer.steps=2", "model=tiny_random"]
+        tracker.start(f"job{index}", run_tags(["python"], {"weight_bridge": bridge}, overrides), sweep_dir=str(sweep_dir))
+        tracker.log_params({"run.objective": "eval/accuracy", "run.objective_direction": "maximize"})
+        tracker.log_metrics({"eval/accuracy": 0.0, "eval/score": 0.0}, step=0)
+        for step in (1, 2):
+            tracker.log_metrics({
+                "train/reward/mean": accuracy * step / 2, "train/reward/task": accuracy, "train/reward/weighted/task": 1.0,
+                "time/step_s": 1.0 + index, "rollout/tokens_per_s": 100.0 * (index + 1),
+                "sync/total_s": 0.6, "sync/gather_s": 0.1, "sync/transport_s": 0.2, "sync/load_s": 0.3,
+                "sync/pause_s": 0.05, "sync/bytes": 1000.0,
+            }, step=step)
+        tracker.log_metrics({"eval/accuracy": accuracy, "eval/score": accuracy, "summary/reward_first_quarter": 0.1,
+                             "summary/reward_last_quarter": accuracy}, step=2)
+        tracker.close()
+    client = MlflowClient(tracking_uri=store)
+    return client, tracker.parent_run_id or "", sweep_dir
+
+
+def test_the_comparison_has_a_row_per_child_plots_page_params_and_the_best(sweep, tmp_path: Path) -> None:
+    client, parent_id, _ = sweep
+    write_comparison(client, parent_id)
+    write_comparison(client, parent_id)  # regenerated: replaced, not appended to
+
+    table = json.loads(Path(client.download_artifacts(parent_id, "comparison/comparison.json", str(tmp_path))).read_text())
+    rows = [dict(zip(table["columns"], values)) for values in table["data"]]
+    assert [r["run"] for r in rows] == ["weight_bridge=reload", "weight_bridge=lora", "weight_bridge=nccl"]
+    lora = rows[1]
+    assert lora["objective_final"] == 0.75 and lora["objective_best"] == 0.75 and lora["status"] == "FINISHED"
+    assert lora["sync_total_s"] == 0.6 and lora["sync_gather_s"] == 0.1 and lora["sync_pause_s"] == 0.05
+    assert lora["sync_bytes_total"] == 2000.0 and lora["step_s"] == 2.0 and lora["rollout_tokens_per_s"] == 200.0
+    assert lora["reward_last_quarter"] == 0.75 and "weight_bridge=lora" in lora["overrides"]
+
+    files = {f.path for f in client.list_artifacts(parent_id, "comparison")}
+    pngs = {"curves.png", "sync_breakdown.png", "throughput.png", "reward_terms.png"}
+    assert files == {f"comparison/{name}" for name in pngs | {"comparison.json", "comparison.html"}}
+    for name in pngs:
+        assert Path(client.download_artifacts(parent_id, f"comparison/{name}", str(tmp_path))).read_bytes()[:8] == (
+            b"\x89PNG\r\n\x1a\n")
+    page = Path(client.download_artifacts(parent_id, "comparison/comparison.html", str(tmp_path))).read_text()
+    assert page.count("data:image/png;base64,") == 4 and "<b>weight_bridge=lora</b>" in page
+
+    parent = client.get_run(parent_id)
+    assert parent.data.params == {"weight_bridge": "reload,lora,nccl"}  # only the key that differs
+    assert parent.data.metrics == {"best/eval/accuracy": 0.75}
+    assert parent.data.tags["grpo_pipe.best_run"] == "weight_bridge=lora"
+    assert json.loads(parent.data.tags["mlflow.loggedArtifacts"]) == [{"path": "comparison/comparison.json", "type": "table"}]
+
+
+def test_minimize_picks_the_lowest(sweep, tmp_path: Path) -> None:
+    client, parent_id, _ = sweep
+    children = read_children(client, parent_id)
+    for child in children:
+        child.direction, child.objective = "minimize", "eval/accuracy"
+    from grpo_pipe.tracking.comparison import best_child
+
+    best = best_child(children)
+    assert best is not None and best.label == "weight_bridge=reload"
+    assert table_rows(children)[0]["objective_best"] == 0.0  # the best of its history, in its direction
+
+
+def test_the_report_finds_the_parent_by_sweep_folder_or_run_id(sweep, tmp_path: Path, monkeypatch) -> None:
+    client, parent_id, sweep_dir = sweep
+    assert find_parent(client, str(sweep_dir)) == parent_id == find_parent(client, parent_id)
+    with pytest.raises(LookupError, match="no MLflow parent run"):
+        find_parent(client, str(tmp_path))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", client.tracking_uri)  # the CLI reads it when no --tracking-uri
+    assert report.main([str(sweep_dir)]) == 0
+    assert client.get_run(parent_id).data.metrics["best/eval/accuracy"] == 0.75
+    assert report.main([str(tmp_path)]) == 2
+
+
+def test_tracker_marks_the_experiment_copies_headline_metrics_and_links_the_training_view(tmp_path: Path) -> None:
+    tracker = MlflowTracker(f"sqlite:///{tmp_path}/m.db", artifact_location=str(tmp_path / "a"), system_metrics=False)
+    tracker.start("one", {"grpo_pipe.choice.weight_bridge": "lora"})
+    tracker.log_metrics({"train/reward/mean": 0.5, "sync/total_s": 2.0, "async/queue_depth": 1.0}, step=1)
+    tracker.close()
+    client = MlflowClient(tracking_uri=tracker.tracking_uri)
+    experiment = client.get_experiment_by_name("grpo_pipe")
+    assert experiment.tags[EXPERIMENT_KIND_TAG] == MODEL_TRAINING_KIND
+    metrics = client.get_run(tracker.run_id or "").data.metrics
+    assert metrics["Headline/reward"] == 0.5 and metrics["Headline/sync_s"] == 2.0
+    assert sorted(k.split("/")[0] for k in metrics)[0] == "Headline"  # the section the chart view shows first
+    assert "?workflowType=machine_learning" in tracker.describe()
+
+
+def test_mlflow_tracking_uri_is_used_when_the_config_names_none(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/env.db")
+    assert MlflowTracker(None).tracking_uri == f"sqlite:///{tmp_path}/env.db"
+    assert MlflowTracker(f"sqlite:///{tmp_path}/cfg.db").tracking_uri == f"sqlite:///{tmp_path}/cfg.db"  # config wins
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert MlflowTracker(None).tracking_uri.endswith("/outputs/mlflow.db")
+    assert MlflowTracker("http://127.0.0.1:1", artifact_location="x").artifact_location is None  # the server decides

@@ -1,0 +1,40 @@
+"""Tags a run carries and the objective a job returns: logic only (the unit tier)."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_pipe.run_state import RunSettings, objective_problem
+from grpo_pipe.tracking.comparison import parse_overrides
+from grpo_pipe.tracking.run_tags import run_tags
+
+
+def test_run_tags_name_commit_command_overrides_and_choices() -> None:
+    tags = run_tags(["python", "-m", "grpo_pipe", "a=1,2"], {"weight_bridge": "lora", "hydra/sweeper": "basic",
+                                                            "experiment": None}, ["a=1,2"])
+    assert tags["grpo_pipe.choice.weight_bridge"] == "lora" and "grpo_pipe.choice.experiment" not in tags
+    assert not [k for k in tags if "hydra" in k]
+    assert tags["grpo_pipe.command"] == "python -m grpo_pipe a=1,2"
+    assert parse_overrides(tags["grpo_pipe.overrides"]) == {"a": "1,2"}  # a value with a comma survives
+    assert len(tags.get("grpo_pipe.git_commit", "x" * 40)) >= 40  # this checkout is a git repository
+
+
+def test_objective_names_are_checked_before_anything_loads() -> None:
+    assert objective_problem("eval/accuracy") is None and objective_problem("summary/step_s") is None
+    assert objective_problem("eval/reward/latency_ms") is None and objective_problem("eval/pass_at_4") is None
+    problem = objective_problem("eval/acuracy")
+    assert problem is not None and problem.startswith("objective='eval/acuracy': allowed:")
+    assert RunSettings(objective="summary/nope").config_problems() == [objective_problem("summary/nope")]
+    settings = RunSettings(objective="summary/step_s", objective_direction="minimize")
+    assert settings.objective_value({"summary/step_s": 2.5}) == 2.5
+    assert settings.objective_value({}) != settings.objective_value({})  # NaN: a failed trial to a sweeper
+
+
+def test_an_unknown_objective_is_a_config_error_before_anything_loads(compose_cfg) -> None:
+    from grpo_pipe.components import build
+    from grpo_pipe.config.validate import ConfigError
+
+    with pytest.raises(ConfigError, match=r"run\.objective='eval/acuracy': allowed: eval/accuracy"):
+        build(compose_cfg(["run.objective=eval/acuracy"]))
+    with pytest.raises(ConfigError, match=r"run\.objective_direction"):
+        build(compose_cfg(["run.objective_direction=up"]))
