@@ -20,6 +20,7 @@ from grpo_pipe.bridges.files import copy_tokenizer_files
 from grpo_pipe.checkpointing import Checkpoint
 from grpo_pipe.components import Components
 from grpo_pipe.held_out import HeldOutEvaluation
+from grpo_pipe.models.custom_code import loader_options
 from grpo_pipe.progress import StepProgress, format_metrics
 from grpo_pipe.prompts import render_prompt
 from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
@@ -62,7 +63,7 @@ class GRPORecipe:
         tokenizer = _tokenizer(self.model_path)
         p.curriculum.attach(p.data.train_tasks())
         p.logger.log_metrics({"data/skipped_rows": float(len(p.data.skipped))}, step=0)
-        self.engine.connect(self.model_path, p.weight_bridge.engine_options())
+        self.engine.connect(self.model_path, {**p.weight_bridge.engine_options(), **loader_options(self.model_path)})
         p.reward.setup(self.model_path, self.engine.weight_dtype)
         p.trainer.setup(self.model_path, p.placement.trainer_device(), pad_id=tokenizer.pad_token_id or 0)
         p.weight_bridge.connect(self.engine, p.trainer.policy)
@@ -272,4 +273,4 @@ def _uids(groups: Sequence[RolloutGroup]) -> list[str]:
 def _tokenizer(model_path: Path) -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(model_path)
+    return AutoTokenizer.from_pretrained(model_path, **loader_options(model_path))

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from grpo_pipe import env
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.models.cache import build_once
+from grpo_pipe.models.custom_code import runs_custom_code
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +49,7 @@ class HfModel:
         if local.exists():
             if not (local / "config.json").is_file():
                 problems.append(f"path={self.path!r}: the folder has no config.json (not a Hugging Face model folder)")
-            elif _has_custom_code(local) and not self.trust_remote_code:
+            elif runs_custom_code(local) and not self.trust_remote_code:
                 problems.append(
                     f"path={self.path!r}: the model's config.json names custom code (auto_map); "
                     "set model.trust_remote_code=true if you trust it"
@@ -60,10 +62,6 @@ class HfModel:
         if template is not None and _is_file_reference(template) and not Path(template).expanduser().is_file():
             problems.append(f"chat_template={template!r}: no such file (a .jinja file or an inline template)")
         return problems
-
-    def engine_options(self) -> dict[str, Any]:
-        """What the engine must be told beyond the folder (custom model code)."""
-        return {"trust_remote_code": True} if self.trust_remote_code else {}
 
     def materialize(self) -> Path:
         source = self._source_folder()
@@ -84,7 +82,11 @@ class HfModel:
         from huggingface_hub import snapshot_download
 
         log.info("Downloading %s (revision %s) from the hub", self.path, self.revision or "main")
-        return Path(snapshot_download(self.path, revision=self.revision))
+        folder = Path(snapshot_download(self.path, revision=self.revision))
+        if runs_custom_code(folder) and not self.trust_remote_code:  # only knowable once downloaded
+            raise ConfigError([f"model.path={self.path!r}: the model's config.json names custom code (auto_map); "
+                               "set model.trust_remote_code=true if you trust it"])
+        return folder
 
     def _template_text(self) -> str | None:
         if self.chat_template is None:
@@ -97,13 +99,6 @@ class HfModel:
 def _is_file_reference(template: str) -> bool:
     """A template is inline when it holds Jinja markup; otherwise it names a file."""
     return "{{" not in template and "{%" not in template
-
-
-def _has_custom_code(folder: Path) -> bool:
-    try:
-        return "auto_map" in json.loads((folder / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return False
 
 
 def _overlay(source: Path, out: Path, template: str | None, dtype: str) -> None:

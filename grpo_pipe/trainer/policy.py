@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from grpo_pipe.models.custom_code import loader_options
+
 if TYPE_CHECKING:
     from peft import PeftModel
     from transformers import PreTrainedModel
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 def _load_causal_lm(model_path: Path, device: torch.device, dtype: torch.dtype) -> PreTrainedModel:
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **loader_options(model_path))
     # transformers' `to` carries functools.wraps(nn.Module.to), which a type checker reads as unbound;
     # through the base type the call is the same (it moves the model in place and returns it).
     cast(torch.nn.Module, model).to(device)

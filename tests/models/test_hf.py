@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import torch
 from transformers import AutoTokenizer
 
 from grpo_pipe.models.hf import HfModel
@@ -56,3 +57,47 @@ def test_config_problems(tmp_path: Path) -> None:
     (problem,) = HfModel(str(custom)).config_problems()
     assert "custom code" in problem and "model.trust_remote_code=true" in problem
     assert HfModel(str(custom), trust_remote_code=True).config_problems() == []
+
+
+_CUSTOM_CONFIG = '''from transformers import Qwen2Config
+
+
+class ShortConfig(Qwen2Config):
+    model_type = "short_qwen2"
+'''
+_CUSTOM_MODEL = '''from transformers import Qwen2ForCausalLM
+
+from .configuration_short import ShortConfig
+
+
+class ShortForCausalLM(Qwen2ForCausalLM):
+    config_class = ShortConfig
+'''
+
+
+def test_a_folder_with_its_own_model_code_loads_in_the_trainer_and_tokenizer_once_trusted(tmp_path: Path) -> None:
+    """The tiny model as a 'custom architecture' (auto_map to code in the folder), as a user's model would ship."""
+    import shutil
+
+    from grpo_pipe.models.custom_code import loader_options
+    from grpo_pipe.recipe import _tokenizer
+    from grpo_pipe.trainer.policy import _load_causal_lm
+
+    folder = tmp_path / "short"
+    shutil.copytree(TinyRandomModel().materialize(), folder)
+    (folder / "configuration_short.py").write_text(_CUSTOM_CONFIG)
+    (folder / "modeling_short.py").write_text(_CUSTOM_MODEL)
+    config = json.loads((folder / "config.json").read_text())
+    config.update(model_type="short_qwen2", architectures=["ShortForCausalLM"], auto_map={
+        "AutoConfig": "configuration_short.ShortConfig", "AutoModelForCausalLM": "modeling_short.ShortForCausalLM"})
+    (folder / "config.json").write_text(json.dumps(config))
+
+    assert HfModel(str(folder)).config_problems()  # refused until trusted ...
+    source = HfModel(str(folder), trust_remote_code=True)
+    assert source.config_problems() == []
+    path = source.materialize()
+    assert loader_options(path) == {"trust_remote_code": True}  # ... then every loader is told
+    model = _load_causal_lm(path, torch.device("cpu"), torch.float32)
+    assert type(model).__name__ == "ShortForCausalLM"  # the folder's own class, not the built-in one
+    assert _tokenizer(path)("12+3").input_ids
+    assert loader_options(TinyRandomModel().materialize()) == {}
