@@ -37,7 +37,7 @@ def test_compare_bridges_gives_a_child_per_bridge_with_sync_metrics(tmp_path: Pa
     runs = client.search_runs([client.get_experiment_by_name("grpo_pipe").experiment_id])
     parents = [r for r in runs if r.data.tags.get("grpo_pipe.role") == "parent"]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
-    assert len(parents) == 1
+    assert len(parents) == 1 and {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
     bridges = sorted(c.data.params["weight_bridge._target_"].rsplit(".", 1)[-1] for c in children)
     assert bridges == ["BroadcastBridge", "CheckpointRestartBridge", "LoraHotSwapBridge", "ReloadBridge"]
     for child in children:
