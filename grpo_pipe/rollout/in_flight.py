@@ -86,6 +86,7 @@ class InFlightUpdates:
         self.gate = StepGate()
         self._log: InFlightLog | None = None
         self._llm: Any = None
+        self.steps_taken = 0  # engine steps of the running generation call (0 between calls)
 
     @contextmanager
     def generation(self, llm: Any, version: int) -> Iterator[InFlightLog]:
@@ -101,6 +102,7 @@ class InFlightUpdates:
                 def step_after_queued_work() -> Any:
                     if self.gate.has_pending():
                         self.gate.drain()
+                    self.steps_taken += 1
                     return step()
 
                 engine.step = step_after_queued_work  # an instance attribute: the class's method is untouched
@@ -109,7 +111,7 @@ class InFlightUpdates:
             finally:
                 if hook:
                     del engine.step
-                self._log, self._llm = None, None
+                self._log, self._llm, self.steps_taken = None, None, 0
 
     def weights_changed(self) -> None:
         """Record where every running sample stands; called by the work that loaded new weights."""

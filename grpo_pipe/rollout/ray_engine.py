@@ -54,6 +54,9 @@ class EngineHost:
     def is_generating(self) -> bool:
         return self.engine.is_generating()
 
+    def generation_steps(self) -> int:
+        return self.engine.generation_steps()
+
     def call_workers(self, method: str, args: tuple[Any, ...], timeout_s: float | None) -> list[Any]:
         return self.engine.call_workers(method, *args, timeout_s=timeout_s)
 
@@ -164,6 +167,10 @@ class RayEngineFleet:
     def generating(self) -> list[bool]:
         """Per replica, whether a generation call is running (asked beside it, in the updates group)."""
         return self._all("is_generating", group=UPDATES)
+
+    def generation_steps(self) -> list[int]:
+        """Per replica, the engine steps its running generation call has taken (asked in the updates group)."""
+        return self._all("generation_steps", group=UPDATES)
 
     def use_adapter(self, name: str, adapter_id: int, folder: Path) -> None:
         self._all("use_adapter", name, adapter_id, str(folder))

@@ -116,6 +116,10 @@ class VllmEngine:
         """Whether a generation call is running (a sync given now lands between two of its steps)."""
         return self.in_flight.gate.in_generation
 
+    def generation_steps(self) -> int:
+        """Engine steps the running generation call has taken (0 when idle or with in-flight updates off)."""
+        return self.in_flight.steps_taken
+
     def between_steps(self, work: Any) -> Any:
         """Run `work()` between two engine steps if a generation is running (its requests go on
         afterwards), else now. How syncs from another thread reach an engine mid-generation."""

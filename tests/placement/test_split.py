@@ -102,7 +102,8 @@ def test_a_broadcast_mid_generation_reaches_the_actor_engine_between_two_steps(c
         while not all(engine.generating()) and time.monotonic() < deadline:
             time.sleep(0.002)
         assert engine.generating() == [True]  # ... and beside a running generation
-        time.sleep(0.3)  # some engine steps in (a push before the first step would make every sample new)
+        while min(engine.generation_steps()) < 3 and time.monotonic() < deadline:  # tokens on the old weights first
+            time.sleep(0.002)
         stats = push_weights(bridge, engine, trainer.policy, 1)
         during = pending.result().completions
         after = engine.generate(prompts, [2] * len(prompts), sampling)
