@@ -41,7 +41,7 @@ def job_context() -> JobContext:
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> float:
     """Run one job; returns `run.objective` (NaN when the run did not log it) for a sweeper such as Optuna."""
-    from grpo_pipe.pipeline import objective_value, run
+    from grpo_pipe.pipeline import run
 
     try:
         result = run(cfg, job_context())
@@ -54,7 +54,7 @@ def main(cfg: DictConfig) -> float:
         # loaded machine), which no grace deadline can bound (daemon threads stop running during it).
         logging.shutdown()
         os._exit(128 + signal.Signals[result.stopped_by].value)
-    return objective_value(cfg, result)
+    return result.objective
 
 
 if __name__ == "__main__":

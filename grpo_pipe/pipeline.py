@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
-from hydra.utils import instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from grpo_pipe.checkpointing import Checkpoint, config_differences, find_resume_checkpoint
@@ -21,10 +20,9 @@ from grpo_pipe.config.validate import ConfigError
 from grpo_pipe.interfaces import Tracker
 from grpo_pipe.progress import format_metrics
 from grpo_pipe.recipe import GRPORecipe, RunResult
-from grpo_pipe.run_state import RunSettings
 from grpo_pipe.stopping import StopRequest
 
-__all__ = ["PLAIN_KEYS", "VALIDATED_GROUPS", "Components", "JobContext", "RunResult", "build", "objective_value", "run"]
+__all__ = ["PLAIN_KEYS", "VALIDATED_GROUPS", "Components", "JobContext", "RunResult", "build", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +70,6 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
     finally:
         recipe.cleanup()
         tracker.close(status)
-
-
-def objective_value(cfg: DictConfig, result: RunResult) -> float:
-    """`run.objective` of a finished job, from its final evaluation and end-of-run summary (for a sweeper)."""
-    settings: RunSettings = instantiate(cfg.run)
-    return settings.objective_value({**result.final_eval, **result.summary})
 
 
 def _setup_and_train(recipe: GRPORecipe, resume_from: Checkpoint | None, stop: StopRequest) -> RunResult:

@@ -43,6 +43,7 @@ class RunResult:
     ledger: Ledger  # where every generated group went: trained, dropped, or in flight at the end
     summary: dict[str, float]  # the end-of-run metrics (eval, reward quarters, overlap, loop time)
     stopped_by: str | None = None  # the signal that stopped the run early (a checkpoint was written)
+    objective: float = float("nan")  # `run.objective` at the end (NaN when the run did not log it): for a sweeper
 
 
 class GRPORecipe:
@@ -258,7 +259,8 @@ class GRPORecipe:
         p.logger.log_metrics(summary, step=last_step)
         p.logger.log_table(rec.table, "samples.json")
         log.info("After training: %s", format_metrics(summary))
-        return RunResult(p.logger.run_id, rec.step_rewards, final_eval, self.scheduler.ledger, summary, stopped_by)
+        objective = p.run.objective_value({**final_eval, **summary})
+        return RunResult(p.logger.run_id, rec.step_rewards, final_eval, self.scheduler.ledger, summary, stopped_by, objective)
 
     def _export_policy(self, folder: Path) -> None:
         self.parts.trainer.policy.save_pretrained(folder)

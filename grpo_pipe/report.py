@@ -12,8 +12,6 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from grpo_pipe.env import mlflow_tracking_uri
-
 log = logging.getLogger("grpo_pipe.report")
 
 
@@ -29,9 +27,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from mlflow.tracking import MlflowClient
 
     from grpo_pipe.tracking.comparison import ARTIFACT_DIR, find_parent, write_comparison
-    from grpo_pipe.tracking.mlflow_tracker import _absolute_sqlite, describe_store
+    from grpo_pipe.tracking.mlflow_tracker import describe_store, resolve_tracking_uri
 
-    uri = _absolute_sqlite(mlflow_tracking_uri(args.tracking_uri))
+    uri = resolve_tracking_uri(args.tracking_uri)
     client = MlflowClient(tracking_uri=uri)
     try:
         parent_id = find_parent(client, args.target)

@@ -70,6 +70,7 @@ def test_train_evaluates_saves_and_reports_a_result(tmp_path: Path) -> None:
     assert result.rewards == [0.5, 0.5] and result.stopped_by is None and result.run_id == "fake-run"
     assert result.final_eval["eval/accuracy"] == 1.0
     assert result.summary["summary/reward_first_quarter"] == 0.5
+    assert result.objective == 1.0  # run.objective (eval/accuracy by default), what `main` hands a sweeper
     assert [c.name for c in (tmp_path / "checkpoints").iterdir()] == ["step-000002"]  # the last step, always
     logged_steps = [step for step, _ in _fakes(recipe).logger.metrics]
     assert logged_steps == [0, 1, 2, 2]  # data/skipped_rows, two steps, the summary

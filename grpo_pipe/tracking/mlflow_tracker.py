@@ -54,6 +54,12 @@ def _absolute_sqlite(uri: str) -> str:
     return uri
 
 
+def resolve_tracking_uri(configured: str | None = None) -> str:
+    """The store every part of a job writes to and reads from (tracker, sweep callback, report), one rule:
+    the configured URI, else `MLFLOW_TRACKING_URI`, else the sqlite default; a relative sqlite path pinned."""
+    return _absolute_sqlite(mlflow_tracking_uri(configured))
+
+
 class MlflowTracker:
     """Logs params, metrics, artifacts and tables to an MLflow tracking server or sqlite store."""
 
@@ -65,11 +71,12 @@ class MlflowTracker:
         system_metrics: bool = True,
         system_metrics_interval_s: int = 10,
     ) -> None:
-        self.tracking_uri = _absolute_sqlite(mlflow_tracking_uri(tracking_uri))
+        self.tracking_uri = resolve_tracking_uri(tracking_uri)
         self.experiment = experiment
         # A server stores artifacts where it was told to (and serves them); only a local store needs a folder.
-        local = artifact_location is not None and is_local_store(self.tracking_uri)
-        self.artifact_location = Path(artifact_location).resolve().as_uri() if local and artifact_location else None
+        self.artifact_location: str | None = None
+        if artifact_location is not None and is_local_store(self.tracking_uri):
+            self.artifact_location = Path(artifact_location).resolve().as_uri()
         self.system_metrics = system_metrics
         self.system_metrics_interval_s = system_metrics_interval_s
         self.run_id: str | None = None

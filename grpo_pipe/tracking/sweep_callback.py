@@ -24,11 +24,10 @@ class EndSweepRun(Callback):
             return
         from mlflow.tracking import MlflowClient
 
-        from grpo_pipe.env import mlflow_tracking_uri
         from grpo_pipe.tracking.comparison import write_comparison
-        from grpo_pipe.tracking.mlflow_tracker import ROLE_TAG, SWEEP_TAG, _absolute_sqlite
+        from grpo_pipe.tracking.mlflow_tracker import ROLE_TAG, SWEEP_TAG, resolve_tracking_uri
 
-        client = MlflowClient(tracking_uri=_absolute_sqlite(mlflow_tracking_uri(config.logger.get("tracking_uri"))))
+        client = MlflowClient(tracking_uri=resolve_tracking_uri(config.logger.get("tracking_uri")))
         experiment = client.get_experiment_by_name(config.logger.experiment)
         if experiment is None:
             return
