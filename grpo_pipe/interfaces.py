@@ -149,7 +149,9 @@ class AdapterEngine(Protocol):
         """The dtype the engine computes adapters in (vLLM's LoRA dtype follows the model's)."""
         ...
 
-    def use_adapter(self, name: str, adapter_id: int, folder: Path) -> None: ...
+    def use_adapter(self, name: str, adapter_id: int, folder: Path) -> None:
+        """Load the adapter saved in `folder` and serve every following request with it."""
+        ...
 
     def retire_adapter(self, adapter_id: int) -> None: ...
 
@@ -174,6 +176,14 @@ class AdapterPolicy(Protocol):
     rank: int
 
     def save_adapter(self, path: Path, dtype: torch.dtype | None = None) -> None: ...
+
+    def adapter_tensors(self) -> dict[str, torch.Tensor]:
+        """The adapter's tensors under peft's names, as `save_adapter` writes them."""
+        ...
+
+    def adapter_config(self) -> dict[str, Any]:
+        """peft's adapter config as plain data, as `save_adapter` writes it."""
+        ...
 
 
 @runtime_checkable

@@ -1,9 +1,18 @@
-"""LoRA hot-swap: each sync saves the trained adapter and the running engine switches to it.
+"""LoRA hot-swap: at each sync the running engine switches to the newly trained adapter.
 
-The base weights never move; only the adapter (a few MB) is written and loaded. The engine is
-never restarted. An adapter is retired only once no request uses it: in the synchronous loop every
-request of the previous version has finished when `push` runs, so all older adapters go at once;
-`max_loras` slots bound how many versions can be live together (async loops need staleness + 2).
+The base weights never move; only the adapter (a few MB) does, and the engine is never restarted.
+Two transports (`transport`):
+- `memory` (an engine on this machine, `rollout=vllm`): the trainer keeps one flat buffer in the
+  engine's dtype that the engine's worker mapped once (CUDA IPC on a GPU, shared pages on a CPU). A
+  sync copies the adapter into it and the worker builds the adapter from it through vLLM's own
+  `add_lora`: no file is written or read.
+- `folder`: the adapter is saved in peft's folder format (RAM-backed where possible) and the engine
+  loads it by path: what engines in other processes or on other machines (Ray) can read.
+`auto` takes `memory` where the engine allows it.
+
+An adapter is retired only once no request uses it: in the synchronous loop every request of the
+previous version has finished when `push` runs, so all older adapters go at once; `max_loras` slots
+bound how many versions can be live together (async loops need staleness + 2).
 """
 
 from __future__ import annotations
@@ -14,28 +23,50 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from grpo_pipe import env
+from grpo_pipe.bridges.collective import plan_buckets
 from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.files import folder_bytes, replace_atomically
+from grpo_pipe.bridges.shared_memory import SharedBuckets
 from grpo_pipe.interfaces import AdapterEngine, AdapterPolicy
+from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.types import SyncStats
+
+TRANSPORTS = ("auto", "memory", "folder")
 
 
 class LoraHotSwapBridge:
-    def __init__(self, sync_every: int = 1, max_lora_rank: int = 16, max_loras: int = 2) -> None:
+    def __init__(self, sync_every: int = 1, max_lora_rank: int = 16, max_loras: int = 2, transport: str = "auto") -> None:
         if max_loras < 2:
             raise ValueError(f"weight_bridge.max_loras={max_loras}: must be >= 2 (the old and the new adapter)")
+        if transport not in TRANSPORTS:
+            raise ValueError(f"weight_bridge.transport={transport!r}: must be one of {', '.join(TRANSPORTS)}")
         self.sync_every = check_sync_every(sync_every)
         self.max_lora_rank = max_lora_rank
         self.max_loras = max_loras
+        self.transport = transport
         self.engine: Any = None
-        self._root: Path | None = None
+        self._root: Path | None = None  # folder transport: where adapters are written
+        self._buffer: SharedBuckets | None = None  # memory transport: what the engine's worker mapped
         self._live: list[int] = []  # adapter ids loaded in the engine, oldest first
+
+    @staticmethod
+    def _memory_capable(engine: object) -> bool:
+        # CUDA IPC maps memory of another process only: a GPU engine in this process takes the folder.
+        return isinstance(engine, VllmEngine) and engine.device_ids is None and not (engine.in_process and engine.on_gpu)
 
     def check(self, engine: object, policy: object) -> list[str]:
         problems = []
         if not isinstance(engine, AdapterEngine):
             problems.append(f"weight_bridge=lora needs an engine that serves LoRA adapters, got {type(engine).__name__}")
+        elif self.transport == "memory" and not self._memory_capable(engine):
+            problems.append(
+                "weight_bridge.transport=memory needs a vLLM engine (rollout=vllm) that shares the trainer's device "
+                "(rollout.device_ids=null) and, on a GPU, runs in its own process (rollout.in_process=false); "
+                "use weight_bridge.transport=folder or auto"
+            )
         if not isinstance(policy, AdapterPolicy):
             problems.append(f"weight_bridge=lora needs policy=lora, got {type(policy).__name__}")
         elif policy.rank > self.max_lora_rank:
@@ -45,40 +76,54 @@ class LoraHotSwapBridge:
     def engine_options(self) -> dict[str, Any]:
         return {"enable_lora": True, "max_lora_rank": self.max_lora_rank, "max_loras": self.max_loras}
 
-    def connect(self, engine: Any, policy: Any) -> None:
+    def connect(self, engine: Any, policy: AdapterPolicy) -> None:
         self.engine = engine
-        # RAM-backed when possible: the adapter is written and read back once per sync.
-        self._root = Path(tempfile.mkdtemp(prefix="grpo_pipe-lora-", dir=env.fast_scratch_dir()))
+        if self.transport == "folder" or not self._memory_capable(engine):
+            # RAM-backed when possible: the adapter is written and read back once per sync.
+            self._root = Path(tempfile.mkdtemp(prefix="grpo_pipe-lora-", dir=env.fast_scratch_dir()))
+            return
+        tensors = policy.adapter_tensors()
+        shapes = [(name, torch.empty(t.shape, dtype=engine.weight_dtype, device="meta")) for name, t in tensors.items()]
+        device = next(iter(tensors.values())).device
+        self._buffer = SharedBuckets(plan_buckets(shapes, bucket_bytes=2**62), device)  # one buffer: a few MB
+        engine.call_workers("grpo_map_adapter", self._buffer.handles(), self._buffer.wire_plan(), policy.adapter_config())
 
     def push(self, policy: AdapterPolicy, version: int) -> SyncStats:
-        if self.engine is None or self._root is None:
+        if self.engine is None:
             raise RuntimeError("bridge used before connect()")
         started = time.perf_counter()
-        folder = self._root / f"v{version}"
-        tmp = self._root / f".v{version}.tmp"
-        policy.save_adapter(tmp, dtype=self.engine.weight_dtype)
-        replace_atomically(tmp, folder)
-        written = time.perf_counter()
-        self.engine.use_adapter(f"policy-v{version}", version, folder)
+        name = f"policy-v{version}"
+        if self._buffer is not None:
+            self._buffer.fill(policy.adapter_tensors().values())
+            written = time.perf_counter()
+            self.engine.call_workers("grpo_add_adapter", name, version)
+            self.engine.serve_adapter(name, version)
+            nbytes = self._buffer.nbytes
+        else:
+            assert self._root is not None
+            folder, tmp = self._root / f"v{version}", self._root / f".v{version}.tmp"
+            policy.save_adapter(tmp, dtype=self.engine.weight_dtype)
+            replace_atomically(tmp, folder)
+            written = time.perf_counter()
+            self.engine.use_adapter(name, version, folder)
+            nbytes = folder_bytes(folder)
         loaded = time.perf_counter()
         self._retire_all_but(version)
-        return SyncStats(
-            gather_s=0.0,
-            transport_s=written - started,
-            load_s=loaded - written,
-            pause_s=loaded - started,
-            bytes_moved=folder_bytes(folder),
-            policy_version=version,
-        )
+        return SyncStats(gather_s=0.0, transport_s=written - started, load_s=loaded - written,
+                         pause_s=loaded - started, bytes_moved=nbytes, policy_version=version)
 
     def _retire_all_but(self, version: int) -> None:
-        assert self.engine is not None and self._root is not None
         for old in self._live:
             self.engine.retire_adapter(old)
-            shutil.rmtree(self._root / f"v{old}", ignore_errors=True)
+            if self._root is not None:
+                shutil.rmtree(self._root / f"v{old}", ignore_errors=True)
         self._live = [version]
 
     def close(self) -> None:
+        if self._buffer is not None:
+            if self.engine is not None and self.engine.is_running():
+                self.engine.call_workers("grpo_unmap_adapter")
+            self._buffer.close()
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
-        self.engine, self._root, self._live = None, None, []
+        self.engine, self._root, self._buffer, self._live = None, None, None, []

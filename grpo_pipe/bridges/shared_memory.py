@@ -142,7 +142,7 @@ class SharedBuckets:
         """Copy the tensors, in plan order, into the buffers; visible to the other process on return."""
         sources = [t.detach() for t in tensors]
         if len(sources) != len(self.views):
-            raise RuntimeError(f"weight_bridge=reload: {len(sources)} tensors for {len(self.views)} planned slots")
+            raise RuntimeError(f"shared buffers: {len(sources)} tensors for {len(self.views)} planned slots")
         with torch.no_grad():
             # One fused launch per batch of tensors, casting as needed. (torch does not list its _foreach
             # ops among its exports, though `torch._foreach_copy_` is theirs.)

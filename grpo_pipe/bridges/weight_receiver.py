@@ -5,6 +5,8 @@ plan (bucket dtypes, names, shapes) through `collective_rpc`, then broadcasts ea
 tensor; the worker unpacks views and hands them to vLLM's own loader, which fuses qkv / gate_up itself.
 Shared memory (`reload` with the engine in its own process): the worker maps the trainer's buckets once
 and copies from them at every sync. Export (`ipc`): the worker hands out its own weight storage.
+Adapters (`lora` from memory): the worker maps the trainer's adapter buffer once and builds each new
+adapter from it.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from grpo_pipe.bridges.shared_memory import (
     engine_views,
     open_handle,
 )
+from grpo_pipe.rollout import worker_adapters
 from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head
 
 
@@ -104,6 +107,31 @@ class WeightReceiverExtension:
 
     def grpo_unmap_shared(self) -> None:
         for attr in ("_grpo_shared", "_grpo_shared_flats", "_grpo_targets"):
+            if hasattr(self, attr):
+                delattr(self, attr)
+
+    def grpo_map_adapter(self, handles: list[dict[str, Any]], wire_plan: list[dict[str, Any]], config: dict[str, Any]) -> None:
+        """Map the trainer's adapter buffer and keep peft's adapter config (once per connect); refuses
+        an adapter on modules this engine cannot apply LoRA to, as vLLM's folder loader would."""
+        flats = [open_handle(h) for h in handles]
+        views = [v for f, wire in zip(flats, wire_plan) for v in bucket_views(f, Bucket.from_wire(wire))]
+        unexpected = worker_adapters.unexpected_modules(self, [name for name, _ in views])
+        if unexpected:
+            raise ValueError(f"this engine cannot apply LoRA to {unexpected[:5]} ({len(unexpected)} adapter tensors)")
+        self._grpo_adapter_flats, self._grpo_adapter, self._grpo_adapter_config = flats, views, config
+
+    def grpo_add_adapter(self, name: str, adapter_id: int) -> dict[str, float]:
+        """Register the adapter now in the mapped buffer as `adapter_id`. Its tensors are copied out first:
+        the trainer refills the buffer at the next sync while this adapter may still serve requests."""
+        started = time.perf_counter()
+        tensors = {n: t.clone() for n, t in self._grpo_adapter}
+        worker_adapters.add_adapter(self, name, adapter_id, tensors, self._grpo_adapter_config)
+        if self._grpo_adapter and self._grpo_adapter[0][1].is_cuda:
+            torch.cuda.synchronize()  # the copies out of the buffer are done before the trainer refills it
+        return {"load_s": time.perf_counter() - started}
+
+    def grpo_unmap_adapter(self) -> None:
+        for attr in ("_grpo_adapter", "_grpo_adapter_flats", "_grpo_adapter_config"):
             if hasattr(self, attr):
                 delattr(self, attr)
 

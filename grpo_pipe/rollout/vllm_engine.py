@@ -110,7 +110,9 @@ class VllmEngine:
     def _set_served_version(self, version: int) -> None:
         self._served_version = version
         self.weights_epoch += 1  # the weights of `version` are in place: no cached block predates them
-        self.in_flight.version_set(version)
+        if self.lora_request is None:
+            self.in_flight.version_set(version)
+        # else: a request keeps the adapter it started with, so a new adapter never reaches running requests
 
     def is_generating(self) -> bool:
         """Whether a generation call is running (a sync given now lands between two of its steps)."""
@@ -300,11 +302,19 @@ class VllmEngine:
         self.in_flight.weights_changed()
 
     def use_adapter(self, name: str, adapter_id: int, folder: Path) -> None:
-        """Serve every following request with this LoRA adapter (loaded by vLLM on first use)."""
+        """Load the LoRA adapter in `folder` and serve every following request with it."""
         from vllm.lora.request import LoRARequest
 
         self.lora_request = LoRARequest(lora_name=name, lora_int_id=adapter_id, lora_path=str(folder))
         self._llm().llm_engine.add_lora(self.lora_request)
+
+    def serve_adapter(self, name: str, adapter_id: int) -> None:
+        """Serve every following request with an adapter the workers already hold (built from memory)."""
+        from vllm.lora.request import LoRARequest
+
+        from grpo_pipe.rollout.worker_adapters import IN_MEMORY_PREFIX
+
+        self.lora_request = LoRARequest(lora_name=name, lora_int_id=adapter_id, lora_path=IN_MEMORY_PREFIX + name)
 
     def retire_adapter(self, adapter_id: int) -> None:
         """Free an adapter's slot; only call once no request uses it."""

@@ -12,9 +12,10 @@ A LoRA policy's reference is its own base with the adapter switched off: no copy
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -170,6 +171,15 @@ class LoraPolicy:
         module.peft_config["default"].save_pretrained(str(path))
         state = {k: v.detach().to(dtype or v.dtype).contiguous() for k, v in self._adapter_state().items()}
         save_file(state, str(path / "adapter_model.safetensors"), metadata={"format": "pt"})
+
+    def adapter_tensors(self) -> dict[str, torch.Tensor]:
+        """The adapter's tensors under peft's names (what `save_adapter` writes); the live parameters, not copies."""
+        return self._adapter_state()
+
+    def adapter_config(self) -> dict[str, Any]:
+        """peft's adapter config as plain data (what `save_adapter` writes as adapter_config.json)."""
+        config = self._module().peft_config["default"].to_dict()
+        return json.loads(json.dumps(config, default=lambda value: sorted(value) if isinstance(value, set) else str(value)))
 
     def _adapter_state(self) -> dict[str, torch.Tensor]:
         """peft's adapter state dict. Walking the model for it is most of a save's cost, and its tensors are

@@ -103,3 +103,32 @@ def test_tokens_still_being_computed_count_as_the_old_weights() -> None:
     # was launched before the weight load, so its tokens (placeholders in the scheduler) are old-weight tokens.
     assert tokens_scheduled(SimpleNamespace(num_output_tokens=5, num_output_placeholders=1)) == 6
     assert tokens_scheduled(SimpleNamespace(num_output_tokens=5)) == 5
+
+
+def test_a_new_lora_adapter_is_not_attributed_to_running_requests() -> None:
+    # A request keeps the adapter it started with: serving a new one mid-generation switches no running sample.
+    engine = VllmEngine(in_process=True)
+    scheduler = SimpleNamespace(requests={"0": SimpleNamespace(num_output_tokens=5, num_output_placeholders=0)})
+
+    class OfflineEngine:  # what the step hook reads of vLLM's offline engine
+        engine_core = SimpleNamespace(engine_core=SimpleNamespace(scheduler=scheduler))
+
+        def step(self) -> list:
+            return []
+
+    running = SimpleNamespace(llm_engine=OfflineEngine())
+
+    def sync_mid_generation(version: int):
+        with engine.in_flight.generation(running, version=version - 1) as flight:
+            syncing = threading.Thread(target=setattr, args=(engine, "served_version", version))
+            syncing.start()  # as the trainer's thread does: the work waits for the next step boundary
+            while not engine.in_flight.gate.has_pending():
+                time.sleep(0.001)
+            running.llm_engine.step()  # the generating thread's next step runs the sync first
+            syncing.join()
+        return flight
+
+    engine.lora_request = SimpleNamespace(lora_int_id=2)
+    assert sync_mid_generation(2).versions_of("0", 0, 8) == (1, ())
+    engine.lora_request = None  # full weights do reach running requests: the same sync splits the sample
+    assert sync_mid_generation(3).versions_of("0", 0, 8) == (2, ((5, 3),))
