@@ -58,6 +58,7 @@ class StepRecorder:
         started = time.time()
         yield
         self.train_spans.append((started, time.time()))
+        self.add({"time/train_s": time.time() - started})
         self.add(step_metrics.memory_metrics())
 
     def synced(self, stats: SyncStats | None) -> None:

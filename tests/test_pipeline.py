@@ -6,7 +6,7 @@ from grpo_pipe.pipeline import JobContext, run
 
 EXPECTED_METRICS = {
     "train/loss", "train/reward/mean", "train/reward/std", "train/accuracy", "rollout/tokens_per_s",
-    "time/step_s", "sync/total_s", "policy/version", "eval/accuracy",
+    "time/step_s", "time/train_s", "rollout/time_s", "sync/total_s", "policy/version", "eval/accuracy",
 }
 
 

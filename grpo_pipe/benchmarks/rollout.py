@@ -138,9 +138,15 @@ def pipeline_engine(path: Path, prompts: list[list[int]], batches: Sequence[Batc
         engine.shutdown()
 
 
+# Where a step's time goes (medians over the middle steps): the batch's generation (in the synchronous
+# loop the next batch is generated at the end of a step, so this is the generation the step waits for),
+# the optimizer update, and the weight sync; the rest is reward, bookkeeping and logging.
+PHASES = ("time/step_s", "rollout/time_s", "time/train_s", "sync/total_s")
+
+
 def end_to_end(overrides: Sequence[str], prompts: int, samples: int, max_tokens: int, steps: int) -> dict[str, Any]:
     """Median seconds of a full training step (rollout, reward, GRPO update, weight sync), evaluation off."""
-    step_times: list[float] = []
+    step_metrics: list[dict[str, float]] = []
     cfg = compose_cfg([*overrides, f"trainer.steps={steps}", "trainer.skip_zero_advantage=false",
                        f"curriculum.prompts_per_step={prompts}", f"curriculum.samples_per_prompt={samples}",
                        f"run.max_new_tokens={max_tokens}", "run.eval_size=1", "run.eval_max_new_tokens=1",
@@ -151,7 +157,7 @@ def end_to_end(overrides: Sequence[str], prompts: int, samples: int, max_tokens:
         original = progress.StepProgress.update
 
         def record(self: Any, step: int, metrics: dict[str, float]) -> None:
-            step_times.append(metrics["time/step_s"])
+            step_metrics.append({key: metrics.get(key, 0.0) for key in PHASES})
             original(self, step, metrics)
 
         progress.StepProgress.update = record  # type: ignore[method-assign]  # the loop's own step timer
@@ -161,8 +167,10 @@ def end_to_end(overrides: Sequence[str], prompts: int, samples: int, max_tokens:
             progress.StepProgress.update = original  # type: ignore[method-assign]
     # Each middle step generates one batch, trains on one and syncs once. The first also generates the
     # first batch and warms up; the last generates nothing (the run ends): both are left out.
-    timed = step_times[1:-1] or step_times
-    return {"steps": steps, "step_s": statistics.median(timed), "step_times_s": step_times}
+    timed = step_metrics[1:-1] or step_metrics
+    phases = {key: statistics.median(m[key] for m in timed) for key in PHASES}
+    return {"steps": steps, "step_s": phases["time/step_s"], "step_times_s": [m["time/step_s"] for m in step_metrics],
+            "phases_s": phases}
 
 
 def main() -> None:
@@ -195,7 +203,9 @@ def main() -> None:
         steps = end_to_end(args.overrides, *batches[0], args.max_tokens, args.steps)
         print(f"{device_name()}  {batches[0][0]}x{batches[0][1]}x{args.max_tokens}  grpo_pipe end to end: "
               f"{steps['step_s']:.2f} s/step (median of steps 2..{max(args.steps - 1, 2)}; "
-              f"all: {', '.join(f'{t:.2f}' for t in steps['step_times_s'])})", flush=True)
+              f"all: {', '.join(f'{t:.2f}' for t in steps['step_times_s'])}); of a step: "
+              + ", ".join(f"{key} {value:.2f}" for key, value in steps["phases_s"].items() if key != "time/step_s"),
+              flush=True)
     if args.json:
         args.json.write_text(json.dumps({"overrides": args.overrides, "device": device_name(), "engines": rows,
                                          "end_to_end": steps}, indent=2))
