@@ -65,7 +65,9 @@ def test_sampled_speculation_keeps_the_models_log_probs() -> None:
         engine.shutdown()
     completions = [(prompt, c) for prompt, group in zip(prompts, groups) for c in group]
     assert not any(math.isnan(lp) for _, c in completions for lp in c.logprobs)
-    assert any(c.telemetry.spec_acceptance_rate for _, c in completions)  # speculation did run
+    # Speculation ran (the engine reported its per-sample draft metrics). Whether any draft is accepted depends on
+    # the samples drawn from a random model, so it is not asserted; the log-probs below are the fix's real check.
+    assert all(c.telemetry.spec_acceptance_rate is not None for _, c in completions)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     for prompt, c in completions:
         ids = torch.tensor([prompt + list(c.token_ids)])
