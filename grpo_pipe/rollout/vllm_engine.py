@@ -208,6 +208,11 @@ class VllmEngine:
                 max_tokens=sampling.max_tokens,
                 logprobs=0,  # only the sampled token's log-prob
                 seed=sampling.prompt_seed(i),
+                # Token ids and log-probs only: vLLM's per-token detokenizing of the text and of every
+                # log-prob entry runs in this process on each engine step and cost a third of the decode
+                # rate (8.8k vs 13.2k tok/s, 0.5B 8x8 on an H100); the texts are decoded once, at the end.
+                detokenize=False,
+                flat_logprobs=True,
             )
             for i, n in enumerate(samples)
         ]
@@ -219,7 +224,8 @@ class VllmEngine:
                 use_tqdm=False,
                 lora_request=self.lora_request,
             )
-        return [self._completions(output, flight) for output in outputs]
+        tokenizer = llm.get_tokenizer()
+        return [self._completions(output, flight, tokenizer) for output in outputs]
 
     @property
     def cache_salt(self) -> str:
@@ -240,19 +246,19 @@ class VllmEngine:
     def worker_count(self) -> int:
         return self.tensor_parallel_size  # one worker per tensor-parallel rank, each receives every bucket
 
-    def _completions(self, output: Any, flight: InFlightLog) -> list[Completion]:
+    def _completions(self, output: Any, flight: InFlightLog, tokenizer: Any) -> list[Completion]:
         completions = []
         for sample in output.outputs:
             ids = tuple(sample.token_ids)
             first_version, switches = flight.versions_of(str(output.request_id), int(sample.index), len(ids))
-            logprobs = tuple(float(step[token].logprob) for token, step in zip(ids, sample.logprobs or ()))
+            logprobs = sampled_logprobs(sample.logprobs, len(ids))
             base = request_telemetry(output, len(ids))
             telemetry = RequestTelemetry(**{**base.__dict__, "spec_acceptance_rate": spec_acceptance(sample)})
             completions.append(
                 Completion(
                     token_ids=ids,
                     logprobs=logprobs,
-                    text=sample.text,
+                    text=tokenizer.decode(ids, skip_special_tokens=True),  # as vLLM's own detokenizer renders it
                     finish_reason=str(sample.finish_reason),
                     policy_version=first_version,
                     telemetry=telemetry,
@@ -350,3 +356,11 @@ class VllmEngine:
         if self.llm is None:
             raise RuntimeError("engine used before connect()")
         return self.llm
+
+
+def sampled_logprobs(logprobs: Any, count: int) -> tuple[float, ...]:
+    """The sampled token's log-prob at each of `count` positions, from vLLM's flat log-probs (requested
+    with logprobs=0, each position holds the sampled token alone, first: read straight from the flat list)."""
+    if logprobs is None:
+        return ()
+    return tuple(float(logprobs.logprobs[start]) for start in logprobs.start_indices[:count])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 
@@ -44,51 +45,91 @@ def flatten(groups: Sequence[RolloutGroup], advantages: Sequence[float]) -> list
 
 @dataclass(frozen=True)
 class MicroBatch:
-    input_ids: torch.Tensor  # [B, L] prompt + completion, right-padded
-    attention_mask: torch.Tensor  # [B, L]
+    """Prompts left-padded to one width, completions right-padded after them: every completion starts at
+    the same column, so the model projects only the completion positions to the vocabulary."""
+
+    input_ids: torch.Tensor  # [B, P + T] pad.., prompt, completion, ..pad
+    attention_mask: torch.Tensor  # [B, P + T]
+    position_ids: torch.Tensor  # [B, P + T] each row counts from 0 at its first prompt token, as the engine did
     completion_mask: torch.Tensor  # [B, T] 1 on completion tokens
-    completion_start: torch.Tensor  # [B] index of the first completion token in input_ids
     sampling_logprobs: torch.Tensor  # [B, T]
     advantages: torch.Tensor  # [B]
 
+    @property
+    def completion_ids(self) -> torch.Tensor:
+        """[B, T] the completion tokens (the last T columns)."""
+        return self.input_ids[:, -self.completion_mask.shape[1] :]
+
+    def model_inputs(self, logits_to_keep: bool) -> dict[str, Any]:
+        """Keyword arguments of a causal LM's forward whose logits are read by `completion_logits`.
+
+        `logits_to_keep`: the model takes Hugging Face's `logits_to_keep` (then it projects only the
+        T + 1 last positions to the vocabulary, not the prompt's)."""
+        inputs: dict[str, Any] = dict(
+            input_ids=self.input_ids, attention_mask=self.attention_mask, position_ids=self.position_ids
+        )
+        if logits_to_keep:
+            inputs["logits_to_keep"] = self.completion_mask.shape[1] + 1
+        return inputs
+
 
 def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -> MicroBatch:
-    lengths = [len(s.prompt_ids) + len(s.completion_ids) for s in samples]
-    max_len = max(lengths)
-    max_completion = max(max(len(s.completion_ids) for s in samples), 1)
+    prompt_width = max(len(s.prompt_ids) for s in samples)
+    width = max(max(len(s.completion_ids) for s in samples), 1)
     batch = len(samples)
-    input_ids = torch.full((batch, max_len), pad_id, dtype=torch.long)
-    attention = torch.zeros((batch, max_len), dtype=torch.long)
-    completion_mask = torch.zeros((batch, max_completion), dtype=torch.float32)
-    logprobs = torch.zeros((batch, max_completion), dtype=torch.float32)
+    input_ids = torch.full((batch, prompt_width + width), pad_id, dtype=torch.long)
+    attention = torch.zeros((batch, prompt_width + width), dtype=torch.long)
+    completion_mask = torch.zeros((batch, width), dtype=torch.float32)
+    logprobs = torch.zeros((batch, width), dtype=torch.float32)
     for row, sample in enumerate(samples):
-        ids = sample.prompt_ids + sample.completion_ids
-        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-        attention[row, : len(ids)] = 1
-        n = len(sample.completion_ids)
-        completion_mask[row, :n] = 1.0
-        logprobs[row, :n] = torch.tensor(sample.sampling_logprobs, dtype=torch.float32)
+        first = prompt_width - len(sample.prompt_ids)
+        last = prompt_width + len(sample.completion_ids)
+        input_ids[row, first:last] = torch.tensor(sample.prompt_ids + sample.completion_ids, dtype=torch.long)
+        attention[row, first:last] = 1
+        completion_mask[row, : len(sample.completion_ids)] = 1.0
+        logprobs[row, : len(sample.completion_ids)] = torch.tensor(sample.sampling_logprobs, dtype=torch.float32)
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # [B, P + T]
     return MicroBatch(
         input_ids=input_ids.to(device),
         attention_mask=attention.to(device),
+        position_ids=positions.to(device),
         completion_mask=completion_mask.to(device),
-        completion_start=torch.tensor([len(s.prompt_ids) for s in samples], device=device),
         sampling_logprobs=logprobs.to(device),
         advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
     )
 
 
-def completion_logprobs(logits: torch.Tensor, batch: MicroBatch, temperature: float) -> torch.Tensor:
-    """log pi(token) for each completion token. logits: [B, L, V] -> [B, T].
+def completion_logits(logits: torch.Tensor, batch: MicroBatch) -> torch.Tensor:
+    """[B, K, V] logits of the last K >= T + 1 positions -> [B, T, V], row j predicting completion token j.
 
-    Position p's logits predict token p+1, so completion token j (at input index start+j) is read
-    from logits at start+j-1. Only those rows are log-softmaxed, which keeps memory at [B, T, V].
-    """
-    _, width = batch.completion_mask.shape
-    offsets = torch.arange(width, device=logits.device)  # [T]
-    positions = (batch.completion_start.unsqueeze(1) - 1 + offsets).clamp(max=logits.shape[1] - 1)  # [B, T]
-    picked = logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))  # [B, T, V]
-    targets_pos = (positions + 1).clamp(max=batch.input_ids.shape[1] - 1)  # [B, T]
-    targets = batch.input_ids.gather(1, targets_pos)  # [B, T]
-    logp = torch.log_softmax(picked.float() / temperature, dim=-1)  # [B, T, V]
-    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1) * batch.completion_mask  # [B, T]
+    Position p's logits predict token p + 1, so the T completion tokens are read from the T positions
+    before the last one."""
+    width = batch.completion_mask.shape[1]
+    return logits[:, -(width + 1) : -1]
+
+
+# fp32 log-softmax elements held at once (1 GiB); larger batches are done in row chunks, each
+# recomputed in the backward pass instead of keeping [B, T, V] fp32 activations alive.
+LOGSOFTMAX_CHUNK_ELEMENTS = 2**28
+
+
+def completion_logprobs(logits: torch.Tensor, batch: MicroBatch, temperature: float) -> torch.Tensor:
+    """log pi(token) of each completion token at `temperature`. logits: `completion_logits` [B, T, V] -> [B, T]."""
+    targets = batch.completion_ids  # [B, T]
+    rows = max(1, LOGSOFTMAX_CHUNK_ELEMENTS // max(logits.shape[1] * logits.shape[2], 1))
+    if rows >= logits.shape[0] or not torch.is_grad_enabled():
+        return _token_logprobs(logits, targets, temperature) * batch.completion_mask
+    from torch.utils.checkpoint import checkpoint
+
+    chunks = [
+        cast(torch.Tensor, checkpoint(_token_logprobs, logits[i : i + rows], targets[i : i + rows], temperature,
+                                      use_reentrant=False))
+        for i in range(0, logits.shape[0], rows)
+    ]
+    return torch.cat(chunks) * batch.completion_mask  # [B, T]
+
+
+def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[b, T, V] logits, [b, T] token ids -> [b, T] log-softmax at the tokens, in fp32."""
+    scaled = logits.float() / temperature  # [b, T, V]
+    return scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - scaled.logsumexp(dim=-1)

@@ -10,10 +10,11 @@ model: on CPU this often halves the step time.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -23,7 +24,7 @@ import torch
 from grpo_pipe.checkpointing import restore_rng, rng_state
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.dtypes import DTYPES, DtypeName
-from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_logprobs, flatten
+from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_logits, completion_logprobs, flatten
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.schedule import warmup_schedule
 from grpo_pipe.types import RolloutGroup
@@ -46,9 +47,23 @@ class TrainablePolicy(Protocol):
     def keep_reference(self) -> None:
         """Keep what `reference_logits` needs (the frozen starting weights); called once after load."""
 
-    def reference_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """[B, L] -> [B, L, V] logits of the frozen starting policy, without gradients."""
+    def reference_logits(self, inputs: Mapping[str, Any]) -> torch.Tensor:
+        """The frozen starting policy's logits for these forward arguments, without gradients."""
         ...
+
+
+def takes_logits_to_keep(module: torch.nn.Module | None) -> bool:
+    """Whether the causal LM's forward takes Hugging Face's `logits_to_keep` (most do; custom code may not).
+    With it the vocabulary projection and its activations cover the completions only, not the prompts."""
+    base = module.get_base_model() if hasattr(module, "get_base_model") else module  # through a peft wrapper
+    return base is not None and "logits_to_keep" in inspect.signature(base.forward).parameters
+
+
+def default_micro_batch_size() -> int:
+    """Sequences per forward/backward when the config leaves it open. On a GPU the update is bound by
+    kernel launches, not arithmetic: 16 halves its time against 8 on an H100 (0.5B); a CPU gains nothing
+    from larger micro-batches, only padding."""
+    return 16 if torch.cuda.is_available() else 8
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -71,7 +86,7 @@ class GRPOTrainer:
         steps: int = 40,
         lr: float = 1e-5,
         grad_clip: float = 1.0,
-        micro_batch_size: int = 8,
+        micro_batch_size: int | None = None,
         updates_per_batch: int = 1,
         dtype: DtypeName = "auto",
         max_bad_steps: int = 3,
@@ -81,7 +96,8 @@ class GRPOTrainer:
             (steps >= 1, f"trainer.steps={steps}: must be >= 1"),
             (lr > 0, f"trainer.lr={lr}: must be > 0"),
             (grad_clip > 0, f"trainer.grad_clip={grad_clip}: must be > 0"),
-            (micro_batch_size >= 1, f"trainer.micro_batch_size={micro_batch_size}: must be >= 1"),
+            (micro_batch_size is None or micro_batch_size >= 1,
+             f"trainer.micro_batch_size={micro_batch_size}: must be >= 1, or null for the device's default"),
             (updates_per_batch >= 1, f"trainer.updates_per_batch={updates_per_batch}: must be >= 1 (GRPO's mu)"),
             (max_bad_steps >= 1, f"trainer.max_bad_steps={max_bad_steps}: must be >= 1"),
         ]
@@ -95,7 +111,7 @@ class GRPOTrainer:
         self.steps = steps
         self.lr = lr
         self.grad_clip = grad_clip
-        self.micro_batch_size = micro_batch_size
+        self.micro_batch_size = micro_batch_size or default_micro_batch_size()
         self.updates_per_batch = updates_per_batch
         self.dtype_name = dtype
         self.max_bad_steps = max_bad_steps
@@ -107,11 +123,13 @@ class GRPOTrainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
         self.pad_id = 0
+        self.logits_to_keep = False  # whether the model projects only the positions asked for (set in setup)
 
     def setup(self, model_path: Path, device: torch.device, pad_id: int) -> None:
         self.device = device
         self.pad_id = pad_id
         self.policy.load(model_path, device, resolve_dtype(self.dtype_name, device))
+        self.logits_to_keep = takes_logits_to_keep(self.policy.module)
         if self.loss.needs_reference:
             self.policy.keep_reference()
         self.optimizer = self.optimizer_factory(self.policy.trainable_parameters(), lr=self.lr)
@@ -214,8 +232,8 @@ class GRPOTrainer:
             batch = collate(plan.active[start : start + self.micro_batch_size], self.pad_id, self.device)
             if index == len(reference):
                 reference.append(self._reference_logprobs(batch, temperature))
-            logits = module(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits  # [B, L, V]
-            new_logprobs = completion_logprobs(logits, batch, temperature)  # [B, T]
+            logits = module(**batch.model_inputs(self.logits_to_keep)).logits  # [B, T + 1 or P + T, V]
+            new_logprobs = completion_logprobs(completion_logits(logits, batch), batch, temperature)  # [B, T]
             loss, stats = self.loss(
                 new_logprobs, batch.sampling_logprobs, batch.advantages, batch.completion_mask,
                 plan.normaliser, ref_logprobs=reference[index],
@@ -238,8 +256,8 @@ class GRPOTrainer:
         if not self.loss.needs_reference:
             return None
         with torch.no_grad():
-            logits = self.policy.reference_logits(batch.input_ids, batch.attention_mask)  # [B, L, V]
-            return completion_logprobs(logits, batch, temperature)  # [B, T]
+            logits = self.policy.reference_logits(batch.model_inputs(self.logits_to_keep))
+            return completion_logprobs(completion_logits(logits, batch), batch, temperature)  # [B, T]
 
     def _apply_update(self) -> tuple[bool, float]:
         """Clip and apply; a non-finite gradient skips the update instead of poisoning the weights."""

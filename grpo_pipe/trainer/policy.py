@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -65,11 +65,12 @@ class FullFinetunePolicy:
         """A frozen copy of the weights as they are now (the starting policy), for the KL penalty."""
         self._reference = copy.deepcopy(self._module()).eval().requires_grad_(False)
 
-    def reference_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def reference_logits(self, inputs: Mapping[str, Any]) -> torch.Tensor:
+        """The starting weights' logits for these forward arguments (as the trainer calls `module`)."""
         if self._reference is None:
             raise RuntimeError("reference_logits() before keep_reference()")
         with torch.no_grad():
-            return self._reference(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, L, V]
+            return self._reference(**inputs).logits
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return [p for p in self._module().parameters() if p.requires_grad]
@@ -134,10 +135,11 @@ class LoraPolicy:
     def keep_reference(self) -> None:
         """Nothing to keep: the frozen base with the adapter switched off is the starting policy."""
 
-    def reference_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def reference_logits(self, inputs: Mapping[str, Any]) -> torch.Tensor:
+        """The base's logits (adapter off) for these forward arguments (as the trainer calls `module`)."""
         module = self._module()
         with torch.no_grad(), module.disable_adapter():
-            return module(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, L, V]
+            return module(**inputs).logits
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Base weights with the adapter merged in, for bridges that load full weights.

@@ -27,6 +27,7 @@ import datetime
 import logging
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -71,8 +72,8 @@ class ShardOnLoad:
     def keep_reference(self) -> None:
         """Kept in `load`, before sharding."""
 
-    def reference_logits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return self.inner.reference_logits(input_ids, attention_mask)  # LoRA's is a collective forward
+    def reference_logits(self, inputs: Mapping[str, Any]) -> torch.Tensor:
+        return self.inner.reference_logits(inputs)  # LoRA's is a collective forward
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]:
         return self.inner.trainable_parameters()
