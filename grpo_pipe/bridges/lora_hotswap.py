@@ -21,7 +21,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -37,6 +37,72 @@ from grpo_pipe.types import SyncStats
 TRANSPORTS = ("auto", "memory", "folder")
 
 
+class AdapterTransport(Protocol):
+    """How one adapter version reaches the engine and becomes servable there."""
+
+    def send(self, policy: AdapterPolicy, name: str, version: int) -> tuple[float, int]:
+        """Hand the policy's adapter to the engine as `version`, serve it; returns (seconds until the engine
+        took over, bytes moved)."""
+        ...
+
+    def forget(self, version: int) -> None:
+        """Drop what this transport kept for an adapter the engine no longer serves."""
+
+    def close(self) -> None: ...
+
+
+class MemoryTransport:
+    """One flat buffer in the engine's dtype that the engine's worker mapped once; the worker builds each
+    adapter from it through vLLM's `add_lora`."""
+
+    def __init__(self, engine: Any, policy: AdapterPolicy) -> None:
+        self.engine = engine
+        tensors = policy.adapter_tensors()
+        shapes = [(name, torch.empty(t.shape, dtype=engine.weight_dtype, device="meta")) for name, t in tensors.items()]
+        device = next(iter(tensors.values())).device
+        self.buffer = SharedBuckets(plan_buckets(shapes, bucket_bytes=2**62), device)  # one buffer: a few MB
+        engine.call_workers("grpo_map_adapter", self.buffer.handles(), self.buffer.wire_plan(), policy.adapter_config())
+
+    def send(self, policy: AdapterPolicy, name: str, version: int) -> tuple[float, int]:
+        started = time.perf_counter()
+        self.buffer.fill(policy.adapter_tensors().values())
+        written = time.perf_counter()
+        self.engine.call_workers("grpo_add_adapter", name, version)
+        self.engine.serve_adapter(name, version)
+        return written - started, self.buffer.nbytes
+
+    def forget(self, version: int) -> None:
+        """The engine's copy is all there is: nothing kept here."""
+
+    def close(self) -> None:
+        if self.engine.is_running():
+            self.engine.call_workers("grpo_unmap_adapter")
+        self.buffer.close()
+
+
+class FolderTransport:
+    """peft's adapter folder, written where the engine can read it (RAM-backed where possible) and loaded by path."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+        self.root = Path(tempfile.mkdtemp(prefix="grpo_pipe-lora-", dir=env.fast_scratch_dir()))
+
+    def send(self, policy: AdapterPolicy, name: str, version: int) -> tuple[float, int]:
+        started = time.perf_counter()
+        folder, tmp = self.root / f"v{version}", self.root / f".v{version}.tmp"
+        policy.save_adapter(tmp, dtype=self.engine.weight_dtype)
+        replace_atomically(tmp, folder)
+        written = time.perf_counter()
+        self.engine.use_adapter(name, version, folder)
+        return written - started, folder_bytes(folder)
+
+    def forget(self, version: int) -> None:
+        shutil.rmtree(self.root / f"v{version}", ignore_errors=True)
+
+    def close(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 class LoraHotSwapBridge:
     def __init__(self, sync_every: int = 1, max_lora_rank: int = 16, max_loras: int = 2, transport: str = "auto") -> None:
         if max_loras < 2:
@@ -48,8 +114,7 @@ class LoraHotSwapBridge:
         self.max_loras = max_loras
         self.transport = transport
         self.engine: Any = None
-        self._root: Path | None = None  # folder transport: where adapters are written
-        self._buffer: SharedBuckets | None = None  # memory transport: what the engine's worker mapped
+        self._transport: AdapterTransport | None = None  # chosen at connect: `auto` depends on the engine
         self._live: list[int] = []  # adapter ids loaded in the engine, oldest first
 
     @staticmethod
@@ -79,51 +144,28 @@ class LoraHotSwapBridge:
     def connect(self, engine: Any, policy: AdapterPolicy) -> None:
         self.engine = engine
         if self.transport == "folder" or not self._memory_capable(engine):
-            # RAM-backed when possible: the adapter is written and read back once per sync.
-            self._root = Path(tempfile.mkdtemp(prefix="grpo_pipe-lora-", dir=env.fast_scratch_dir()))
-            return
-        tensors = policy.adapter_tensors()
-        shapes = [(name, torch.empty(t.shape, dtype=engine.weight_dtype, device="meta")) for name, t in tensors.items()]
-        device = next(iter(tensors.values())).device
-        self._buffer = SharedBuckets(plan_buckets(shapes, bucket_bytes=2**62), device)  # one buffer: a few MB
-        engine.call_workers("grpo_map_adapter", self._buffer.handles(), self._buffer.wire_plan(), policy.adapter_config())
+            self._transport = FolderTransport(engine)
+        else:
+            self._transport = MemoryTransport(engine, policy)
 
     def push(self, policy: AdapterPolicy, version: int) -> SyncStats:
-        if self.engine is None:
+        if self._transport is None:
             raise RuntimeError("bridge used before connect()")
         started = time.perf_counter()
-        name = f"policy-v{version}"
-        if self._buffer is not None:
-            self._buffer.fill(policy.adapter_tensors().values())
-            written = time.perf_counter()
-            self.engine.call_workers("grpo_add_adapter", name, version)
-            self.engine.serve_adapter(name, version)
-            nbytes = self._buffer.nbytes
-        else:
-            assert self._root is not None
-            folder, tmp = self._root / f"v{version}", self._root / f".v{version}.tmp"
-            policy.save_adapter(tmp, dtype=self.engine.weight_dtype)
-            replace_atomically(tmp, folder)
-            written = time.perf_counter()
-            self.engine.use_adapter(name, version, folder)
-            nbytes = folder_bytes(folder)
+        transport_s, nbytes = self._transport.send(policy, f"policy-v{version}", version)
         loaded = time.perf_counter()
         self._retire_all_but(version)
-        return SyncStats(gather_s=0.0, transport_s=written - started, load_s=loaded - written,
+        return SyncStats(gather_s=0.0, transport_s=transport_s, load_s=loaded - started - transport_s,
                          pause_s=loaded - started, bytes_moved=nbytes, policy_version=version)
 
     def _retire_all_but(self, version: int) -> None:
+        assert self._transport is not None
         for old in self._live:
             self.engine.retire_adapter(old)
-            if self._root is not None:
-                shutil.rmtree(self._root / f"v{old}", ignore_errors=True)
+            self._transport.forget(old)
         self._live = [version]
 
     def close(self) -> None:
-        if self._buffer is not None:
-            if self.engine is not None and self.engine.is_running():
-                self.engine.call_workers("grpo_unmap_adapter")
-            self._buffer.close()
-        if self._root is not None:
-            shutil.rmtree(self._root, ignore_errors=True)
-        self.engine, self._root, self._buffer, self._live = None, None, None, []
+        if self._transport is not None:
+            self._transport.close()
+        self.engine, self._transport, self._live = None, None, []

@@ -70,6 +70,15 @@ def bucket_views(flat: torch.Tensor, bucket: Bucket) -> list[tuple[str, torch.Te
     return views
 
 
+def map_buckets(handles: Sequence[Mapping[str, Any]], wire_plan: Sequence[dict[str, Any]]
+                ) -> tuple[list[torch.Tensor], list[tuple[str, torch.Tensor]]]:
+    """Map the buffers another process described and cut them into named tensors, as `SharedBuckets`
+    laid them out. Returns the mapped buffers (keep them: they hold the mappings open) and the views."""
+    flats = [open_handle(h) for h in handles]
+    views = [v for flat, wire in zip(flats, wire_plan) for v in bucket_views(flat, Bucket.from_wire(wire))]
+    return flats, views
+
+
 def engine_views(engine_params: Mapping[str, torch.Tensor], trainer_params: Mapping[str, torch.Tensor],
                  packed: Mapping[str, list[str]]) -> dict[str, torch.Tensor]:
     """For each trainer parameter name, the view of engine storage that holds it.

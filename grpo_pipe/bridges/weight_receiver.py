@@ -18,12 +18,7 @@ from typing import Any
 import torch
 
 from grpo_pipe.bridges.collective import Bucket, broadcast, join_group, unpack
-from grpo_pipe.bridges.shared_memory import (
-    bucket_views,
-    cuda_handle,
-    engine_views,
-    open_handle,
-)
+from grpo_pipe.bridges.shared_memory import cuda_handle, engine_views, map_buckets
 from grpo_pipe.rollout import worker_adapters
 from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head
 
@@ -80,9 +75,8 @@ class WeightReceiverExtension:
     def grpo_map_shared(self, handles: list[dict[str, Any]], wire_plan: list[dict[str, Any]]) -> str:
         """Map the trainer's buckets (once per connect). On a GPU, also find for every tensor the slice
         of the engine's parameters it lands in, so a sync is a plain device copy; returns the path taken."""
-        flats = [open_handle(h) for h in handles]
+        flats, self._grpo_shared = map_buckets(handles, wire_plan)
         self._grpo_shared_flats = flats  # keeps the mappings open
-        self._grpo_shared = [v for f, wire in zip(flats, wire_plan) for v in bucket_views(f, Bucket.from_wire(wire))]
         self._grpo_targets = None
         if flats and flats[0].is_cuda:
             self._grpo_targets = _copy_targets(self.model_runner.model, self._grpo_shared)
@@ -113,8 +107,7 @@ class WeightReceiverExtension:
     def grpo_map_adapter(self, handles: list[dict[str, Any]], wire_plan: list[dict[str, Any]], config: dict[str, Any]) -> None:
         """Map the trainer's adapter buffer and keep peft's adapter config (once per connect); refuses
         an adapter on modules this engine cannot apply LoRA to, as vLLM's folder loader would."""
-        flats = [open_handle(h) for h in handles]
-        views = [v for f, wire in zip(flats, wire_plan) for v in bucket_views(f, Bucket.from_wire(wire))]
+        flats, views = map_buckets(handles, wire_plan)
         unexpected = worker_adapters.unexpected_modules(self, [name for name, _ in views])
         if unexpected:
             raise ValueError(f"this engine cannot apply LoRA to {unexpected[:5]} ({len(unexpected)} adapter tensors)")

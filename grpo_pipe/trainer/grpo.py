@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -55,8 +55,11 @@ class TrainablePolicy(Protocol):
 def takes_logits_to_keep(module: torch.nn.Module | None) -> bool:
     """Whether the causal LM's forward takes Hugging Face's `logits_to_keep` (most do; custom code may not).
     With it the vocabulary projection and its activations cover the completions only, not the prompts."""
-    base = module.get_base_model() if hasattr(module, "get_base_model") else module  # through a peft wrapper
-    return base is not None and "logits_to_keep" in inspect.signature(base.forward).parameters
+    if module is None:
+        return False
+    unwrap = getattr(module, "get_base_model", None)  # through a peft wrapper to the causal LM
+    base = cast(torch.nn.Module, unwrap()) if callable(unwrap) else module
+    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 def default_micro_batch_size() -> int:

@@ -18,11 +18,11 @@ def test_lora_hotswap_matches_a_fresh_engine_on_merged_weights(compose_cfg, tmp_
 
     def note_transport(parts) -> None:
         bridge = parts.weight_bridge
-        seen["buffer"], seen["folder"] = bridge._buffer is not None, bridge._root is not None
+        seen["transport"] = type(bridge._transport).__name__
 
     stats = train_sync_and_compare(cfg, tmp_path / "saved", before_close=note_transport)
     assert stats.bytes_moved < 1_000_000  # only the adapter moves
-    assert seen == {"buffer": transport == "memory", "folder": transport == "folder"}
+    assert seen == {"transport": {"memory": "MemoryTransport", "folder": "FolderTransport"}[transport]}
 
 
 def test_lora_bridge_refuses_a_full_policy(compose_cfg) -> None:

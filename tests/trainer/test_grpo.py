@@ -143,13 +143,14 @@ def test_kl_to_the_frozen_starting_policy(policy_cls) -> None:
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     ids = torch.tensor([list(groups[0].prompt_token_ids)])
     mask = torch.ones_like(ids)
-    start = trainer.policy.reference_logits({"input_ids": ids, "attention_mask": mask})
+    inputs = {"input_ids": ids, "attention_mask": mask}
+    start = trainer.policy.reference_logits(inputs)
     first = trainer.step(groups, rewards, temperature=1.0)
     assert first["train/kl"] == 0.0  # the policy is still the reference
     assert first["train/active_samples"] == 12.0  # the KL term is not zero for zero-advantage samples
     second = trainer.step(groups, rewards, temperature=1.0)
     assert second["train/kl"] > 0.0
-    torch.testing.assert_close(trainer.policy.reference_logits({"input_ids": ids, "attention_mask": mask}), start, rtol=0, atol=0)  # frozen
+    torch.testing.assert_close(trainer.policy.reference_logits(inputs), start, rtol=0, atol=0)  # frozen
     with torch.no_grad():
         now = trainer.policy.module(input_ids=ids, attention_mask=mask).logits
     assert not torch.equal(now, start)
