@@ -61,13 +61,14 @@ class MemoryTransport:
         shapes = [(name, torch.empty(t.shape, dtype=engine.weight_dtype, device="meta")) for name, t in tensors.items()]
         device = next(iter(tensors.values())).device
         self.buffer = SharedBuckets(plan_buckets(shapes, bucket_bytes=2**62), device)  # one buffer: a few MB
-        engine.call_workers("grpo_map_adapter", self.buffer.handles(), self.buffer.wire_plan(), policy.adapter_config())
+        engine.call_workers("grpo_map_adapter", self.buffer.handles(), self.buffer.wire_plan(), policy.adapter_config(),
+                            changes_weights=False)
 
     def send(self, policy: AdapterPolicy, name: str, version: int) -> tuple[float, int]:
         started = time.perf_counter()
         self.buffer.fill(policy.adapter_tensors().values())
         written = time.perf_counter()
-        self.engine.call_workers("grpo_add_adapter", name, version)
+        self.engine.call_workers("grpo_add_adapter", name, version, changes_weights=False)
         self.engine.serve_adapter(name, version)
         return written - started, self.buffer.nbytes
 
@@ -76,7 +77,7 @@ class MemoryTransport:
 
     def close(self) -> None:
         if self.engine.is_running():
-            self.engine.call_workers("grpo_unmap_adapter")
+            self.engine.call_workers("grpo_unmap_adapter", changes_weights=False)
         self.buffer.close()
 
 

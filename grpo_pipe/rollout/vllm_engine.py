@@ -280,14 +280,17 @@ class VllmEngine:
         self._llm().collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
         self._after_weight_update()
 
-    def call_workers(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
+    def call_workers(self, method: str, *args: Any, timeout_s: float | None = None, changes_weights: bool = True
+                     ) -> list[Any]:
         """Run a worker-extension method in every engine worker (any process layout), between engine
-        steps when a generation is running: bridges load weights this way."""
+        steps when a generation is running: bridges load weights this way. `changes_weights=False` for
+        calls that leave the served weights as they are (mapping buffers, registering a LoRA adapter:
+        requests name their adapter, and vLLM keys its prefix cache by it)."""
 
         def work() -> list[Any]:
             results = self._llm().collective_rpc(method, args=args, timeout=timeout_s)
-            self.weights_epoch += 1
-            self.in_flight.weights_changed()
+            if changes_weights:
+                self._weights_changed()
             return results
 
         return self.in_flight.gate.run(work)
