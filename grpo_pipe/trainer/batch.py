@@ -61,7 +61,7 @@ class MicroBatch:
         return self.input_ids[:, -self.completion_mask.shape[1] :]
 
     def model_inputs(self, logits_to_keep: bool) -> dict[str, Any]:
-        """Keyword arguments of a causal LM's forward whose logits are read by `completion_logits`.
+        """Keyword arguments of a causal LM's forward whose logits are read by `completion_logprobs`.
 
         `logits_to_keep`: the model takes Hugging Face's `logits_to_keep` (then it projects only the
         T + 1 last positions to the vocabulary, not the prompt's)."""
@@ -99,22 +99,18 @@ def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -
     )
 
 
-def completion_logits(logits: torch.Tensor, batch: MicroBatch) -> torch.Tensor:
-    """[B, K, V] logits of the last K >= T + 1 positions -> [B, T, V], row j predicting completion token j.
-
-    Position p's logits predict token p + 1, so the T completion tokens are read from the T positions
-    before the last one."""
-    width = batch.completion_mask.shape[1]
-    return logits[:, -(width + 1) : -1]
-
-
 # fp32 log-softmax elements held at once (1 GiB); larger batches are done in row chunks, each
 # recomputed in the backward pass instead of keeping [B, T, V] fp32 activations alive.
 LOGSOFTMAX_CHUNK_ELEMENTS = 2**28
 
 
 def completion_logprobs(logits: torch.Tensor, batch: MicroBatch, temperature: float) -> torch.Tensor:
-    """log pi(token) of each completion token at `temperature`. logits: `completion_logits` [B, T, V] -> [B, T]."""
+    """log pi(token) of each completion token at `temperature`. logits: [B, K, V] of the last K >= T + 1
+    positions (the model's output for `batch.model_inputs`) -> [B, T].
+
+    Position p's logits predict token p + 1, so the T completion tokens are read from the T positions
+    before the last one."""
+    logits = logits[:, -(batch.completion_mask.shape[1] + 1) : -1]  # [B, T, V]
     targets = batch.completion_ids  # [B, T]
     rows = max(1, LOGSOFTMAX_CHUNK_ELEMENTS // max(logits.shape[1] * logits.shape[2], 1))
     if rows >= logits.shape[0] or not torch.is_grad_enabled():

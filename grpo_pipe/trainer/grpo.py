@@ -24,7 +24,7 @@ import torch
 from grpo_pipe.checkpointing import restore_rng, rng_state
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.dtypes import DTYPES, DtypeName
-from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_logits, completion_logprobs, flatten
+from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_logprobs, flatten
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.schedule import warmup_schedule
 from grpo_pipe.types import RolloutGroup
@@ -236,7 +236,7 @@ class GRPOTrainer:
             if index == len(reference):
                 reference.append(self._reference_logprobs(batch, temperature))
             logits = module(**batch.model_inputs(self.logits_to_keep)).logits  # [B, T + 1 or P + T, V]
-            new_logprobs = completion_logprobs(completion_logits(logits, batch), batch, temperature)  # [B, T]
+            new_logprobs = completion_logprobs(logits, batch, temperature)  # [B, T]
             loss, stats = self.loss(
                 new_logprobs, batch.sampling_logprobs, batch.advantages, batch.completion_mask,
                 plan.normaliser, ref_logprobs=reference[index],
@@ -260,7 +260,7 @@ class GRPOTrainer:
             return None
         with torch.no_grad():
             logits = self.policy.reference_logits(batch.model_inputs(self.logits_to_keep))
-            return completion_logprobs(completion_logits(logits, batch), batch, temperature)  # [B, T]
+            return completion_logprobs(logits, batch, temperature)  # [B, T]
 
     def _apply_update(self) -> tuple[bool, float]:
         """Clip and apply; a non-finite gradient skips the update instead of poisoning the weights."""

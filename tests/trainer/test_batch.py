@@ -6,7 +6,7 @@ import torch
 
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.trainer import batch as batch_module
-from grpo_pipe.trainer.batch import TrainSample, collate, completion_logits, completion_logprobs
+from grpo_pipe.trainer.batch import TrainSample, collate, completion_logprobs
 from grpo_pipe.trainer.grpo import takes_logits_to_keep
 from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy
 
@@ -53,7 +53,7 @@ def test_padded_micro_batch_matches_each_sample_alone(policy_cls: type, logits_t
         logits = model(**batch.model_inputs(logits_to_keep)).logits
     width = batch.completion_mask.shape[1]
     assert logits.shape[1] == (width + 1 if logits_to_keep else batch.input_ids.shape[1])
-    got = completion_logprobs(completion_logits(logits, batch), batch, TEMPERATURE)  # [B, T]
+    got = completion_logprobs(logits, batch, TEMPERATURE)  # [B, T]
     for row, sample in enumerate(samples):
         n = len(sample.completion_ids)
         torch.testing.assert_close(got[row, :n], _alone(model, sample), rtol=0, atol=2e-5)
@@ -67,7 +67,7 @@ def test_chunked_log_softmax_gives_the_same_values_and_gradients(monkeypatch: py
     def values_and_grads() -> tuple[torch.Tensor, list[torch.Tensor]]:
         model.zero_grad(set_to_none=True)
         logits = model(**batch.model_inputs(True)).logits
-        logprobs = completion_logprobs(completion_logits(logits, batch), batch, TEMPERATURE)
+        logprobs = completion_logprobs(logits, batch, TEMPERATURE)
         logprobs.sum().backward()
         return logprobs.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
