@@ -32,6 +32,10 @@ class WeightReceiverExtension:
     model_runner: Any  # its `.model` is the live nn.Module with vLLM's `load_weights`
     reload_weights: Callable[..., None]  # vLLM's reload through its weight loader (CPU: repacks for oneDNN)
 
+    def grpo_refresh_tied_head(self) -> bool:
+        """After vLLM's own `reload_weights` on a CPU (by name: a function cannot reach an engine process)."""
+        return refresh_cpu_tied_lm_head(self)
+
     def grpo_open_weight_group(self, backend: str, host: str, port: int, timeout_s: float, world_size: int) -> None:
         self._grpo_group, self._grpo_store = join_group(backend, host, port, timeout_s, world_size)
 

@@ -1,35 +1,86 @@
 """In-flight weight updates: new weights reach requests that are already running, and every token is
 attributed to the weights that produced it.
 
-A generation call steps vLLM's scheduler until its requests finish. Work queued on the `StepGate`
-(a weight sync from another thread) runs between two steps; running requests keep their state and KV
-cache and go on with the new weights, as with vLLM's `pause_generation(mode="keep")`. At that moment
-the scheduler's per-request output-token counts are read, so each sample's tokens split exactly at
-the sync: `[0, k)` came from the old weights, `[k, end)` from the new ones (a test checks the split
-against the same seeded run without the sync).
+A generation call steps vLLM's engine until its requests finish. Work queued on the `StepGate` (a weight
+sync from another thread) runs between two steps; running requests keep their state and KV cache and
+go on with the new weights. At that moment each running sample's output-token count is read, so its
+tokens split exactly at the sync: `[0, k)` came from the old weights, `[k, end)` from the new ones (a
+test checks the split against the same seeded run without the sync).
 
-Reading those counts needs the engine core in this process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`: CPU
-engines and engines inside Ray actors). Where they cannot be read (an engine core in its own process,
-the colocated GPU default), no step hook is installed: queued work then waits for the end of the
-generation call, and no completion mixes versions. vLLM's own `pause_scheduler(mode="keep")` would pause
-such an engine, but it reports no per-request token counts to split the versions at.
+Two layouts, one contract:
+- engine core in this process (CPU engines, engines inside Ray actors): between two steps nothing is
+  computing; the scheduler's own per-request counts are read.
+- engine core in its own process (vLLM's default, the GPU default): the core runs ahead of this process.
+  The queued work runs inside vLLM's own `pause_scheduler(mode="keep")` / `resume_scheduler()`: the core
+  stops scheduling, finishes the batch it is computing and flushes its outputs, which this process then
+  takes in (they travel ahead of the pause's reply on the same socket); the counts are read from vLLM's
+  per-request output state here, which now holds every token computed on the old weights.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from grpo_pipe.rollout.step_gate import StepGate
 
 
-def scheduler_requests(llm: Any) -> Mapping[str, Any] | None:
-    """The in-process scheduler's live requests by engine request id, or None where not reachable."""
-    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
-    requests = getattr(getattr(core, "scheduler", None), "requests", None)
-    return requests if isinstance(requests, Mapping) else None
+def engine_core_of(llm: Any) -> RunningCore | None:
+    """How to reach the running requests of `llm`'s engine core, or None where neither layout applies."""
+    client = getattr(llm.llm_engine, "engine_core", None)
+    requests = getattr(getattr(getattr(client, "engine_core", None), "scheduler", None), "requests", None)
+    if isinstance(requests, Mapping):
+        return CoreInThisProcess(requests)
+    states = getattr(getattr(llm.llm_engine, "output_processor", None), "request_states", None)
+    if hasattr(client, "call_utility") and hasattr(client, "outputs_queue") and isinstance(states, Mapping):
+        return CoreInItsOwnProcess(client, states)
+    return None
+
+
+class RunningCore(Protocol):
+    def token_counts(self) -> dict[tuple[str, int], int]:
+        """(request id, sample index) -> output tokens computed so far, for every running sample."""
+        ...
+
+    def between_steps(self, step: Callable[[], list[Any]], work: Callable[[], None]) -> list[Any]:
+        """Run `work` where no engine step is computing; returns the request outputs `step` is to return."""
+        ...
+
+
+class CoreInThisProcess:
+    def __init__(self, requests: Mapping[str, Any]) -> None:
+        self.requests = requests  # the scheduler's live requests by engine request id
+
+    def token_counts(self) -> dict[tuple[str, int], int]:
+        return {sample_key(rid): tokens_scheduled(req) for rid, req in self.requests.items()}
+
+    def between_steps(self, step: Callable[[], list[Any]], work: Callable[[], None]) -> list[Any]:
+        work()  # this thread drives the core: no step runs until the next call
+        return step()
+
+
+class CoreInItsOwnProcess:
+    def __init__(self, client: Any, states: Mapping[str, Any]) -> None:
+        self.client = client  # vLLM's client of the engine-core process
+        self.states = states  # vLLM's per-request output state in this process, by engine request id
+
+    def token_counts(self) -> dict[tuple[str, int], int]:
+        return {sample_key(rid): int(state.detokenizer.num_output_tokens()) for rid, state in self.states.items()}
+
+    def between_steps(self, step: Callable[[], list[Any]], work: Callable[[], None]) -> list[Any]:
+        # Returns once the core computes nothing and every output it made was sent here (the reply travels
+        # behind them); the prefix cache stays: running requests keep their KV, new ones get a new salt.
+        self.client.call_utility("pause_scheduler", "keep", False)
+        outputs: list[Any] = []
+        try:
+            while not self.client.outputs_queue.empty():  # no new outputs come while paused
+                outputs.extend(step())
+            work()
+        finally:
+            self.client.call_utility("resume_scheduler")
+        return outputs  # the generation loop calls `step` again while requests remain
 
 
 def sample_key(engine_request_id: str) -> tuple[str, int]:
@@ -85,7 +136,7 @@ class InFlightUpdates:
         self.enabled = enabled  # off: queued work waits for the end of the generation call
         self.gate = StepGate()
         self._log: InFlightLog | None = None
-        self._llm: Any = None
+        self._core: RunningCore | None = None
         self.steps_taken = 0  # engine steps of the running generation call (0 between calls)
 
     @contextmanager
@@ -93,32 +144,31 @@ class InFlightUpdates:
         """Wrap one generation call: queued work runs between its steps where tokens can be attributed."""
         log = InFlightLog(version)
         engine = llm.llm_engine
-        hook = self.enabled and scheduler_requests(llm) is not None
+        core = engine_core_of(llm) if self.enabled else None
         with self.gate.generating():
-            self._log, self._llm = log, llm
-            if hook:
+            self._log, self._core = log, core
+            if core is not None:
                 step = engine.step
 
                 def step_after_queued_work() -> Any:
-                    if self.gate.has_pending():
-                        self.gate.drain()
                     self.steps_taken += 1
+                    if self.gate.has_pending():
+                        return core.between_steps(step, self.gate.drain)
                     return step()
 
                 engine.step = step_after_queued_work  # an instance attribute: the class's method is untouched
             try:
                 yield log
             finally:
-                if hook:
+                if core is not None:
                     del engine.step
-                self._log, self._llm, self.steps_taken = None, None, 0
+                self._log, self._core, self.steps_taken = None, None, 0
 
     def weights_changed(self) -> None:
         """Record where every running sample stands; called by the work that loaded new weights."""
         if self._log is None:
             return
-        requests = scheduler_requests(self._llm) or {}
-        done = {sample_key(rid): tokens_scheduled(req) for rid, req in requests.items()}
+        done = self._core.token_counts() if self._core is not None else {}
         self._log.switches.append(_Switch(done))
 
     def version_set(self, version: int) -> None:

@@ -20,7 +20,7 @@ from grpo_pipe.dtypes import DTYPES, DtypeName
 from grpo_pipe.rollout import vllm_fixes
 from grpo_pipe.rollout.in_flight import InFlightLog, InFlightUpdates
 from grpo_pipe.rollout.telemetry import request_telemetry, spec_acceptance
-from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head, reload_in_process
+from grpo_pipe.rollout.worker_weights import reload_in_process
 from grpo_pipe.types import Completion, GeneratedBatch, RequestTelemetry, SamplingSettings
 
 log = logging.getLogger(__name__)
@@ -332,7 +332,7 @@ class VllmEngine:
     def _after_weight_update(self) -> None:
         llm = self._llm()
         if not self.on_gpu:
-            llm.collective_rpc(refresh_cpu_tied_lm_head)
+            llm.collective_rpc("grpo_refresh_tied_head")
         self._weights_changed()  # KV blocks cached under the old weights are never reused (cache_salt)
 
     def sleep(self, level: int) -> None:

