@@ -76,6 +76,7 @@ class VllmEngine:
         self.enforce_eager = enforce_eager  # None: CUDA graphs on a GPU, eager on a CPU (resolved where it runs)
         self.enable_prefix_caching = enable_prefix_caching
         self.enable_sleep_mode = enable_sleep_mode
+        self.layout_named = in_process is not None  # the config chose where the core runs (engine actors keep it)
         if in_process is None:
             in_process = device_ids is None and fastest_in_process()
         self.in_process = in_process

@@ -79,11 +79,14 @@ def test_drop_policy_discards_too_stale_groups_and_accounts_for_each(compose_cfg
     assert dropped_total == sum(ledger.dropped.values())
 
 
-def test_a_broadcast_mid_generation_reaches_the_actor_engine_between_two_steps(compose_cfg) -> None:
+@pytest.mark.parametrize("core", ["in_the_actor", "in_its_own_process"])
+def test_a_broadcast_mid_generation_reaches_the_actor_engine_between_two_steps(compose_cfg, core) -> None:
     """The nccl bridge (gloo on CPU) pushes while the engine actor generates: the push goes through the
     actor's updates group, lands between two engine steps, and running samples continue on the new
-    weights with the switch recorded at the exact token (checked against the same seeded run)."""
-    parts = build(compose_cfg(["placement=split", "weight_bridge=nccl"]))
+    weights with the switch recorded at the exact token (checked against the same seeded run). The engine
+    core runs in the actor's process (the default) or in a process of its own (vLLM's pause/resume)."""
+    layout = ["rollout.in_process=false"] if core == "in_its_own_process" else []
+    parts = build(compose_cfg(["placement=split", "weight_bridge=nccl", *layout]))
     engine, trainer, bridge = parts.rollout, parts.trainer, parts.weight_bridge
     model_path = parts.model.materialize()
     prompts = [[3 + (11 * i + 5 * j) % 400 for j in range(24)] for i in range(6)]
@@ -93,6 +96,8 @@ def test_a_broadcast_mid_generation_reaches_the_actor_engine_between_two_steps(c
         trainer.setup(model_path, parts.placement.trainer_device(),
                       pad_id=AutoTokenizer.from_pretrained(model_path).pad_token_id)
         bridge.connect(engine, trainer.policy)
+        where = ray.get([actor.__ray_call__.remote(lambda host: host.engine.in_process) for actor in engine.actors])
+        assert where == [core == "in_the_actor"]
         before = engine.generate(prompts, [2] * len(prompts), sampling)  # version 0 throughout
         with torch.no_grad():  # other weights under the same names: the new version clearly speaks differently
             for name, weight in trainer.policy.named_weights():
@@ -121,6 +126,8 @@ def test_a_broadcast_mid_generation_reaches_the_actor_engine_between_two_steps(c
         (index, version), = mixed.version_switches
         assert mixed.policy_version == 0 and version == 1 and 0 < index < len(mixed.token_ids)
         assert mixed.token_ids[:index] == old.token_ids[:index]  # before the switch: the old weights
+        # the token at the switch came from the new weights (a switch recorded late would fail here)
+        assert abs(mixed.logprobs[index] - old.logprobs[index]) > 1e-3 or mixed.token_ids[index] != old.token_ids[index]
     assert any(m.token_ids[i:] != o.token_ids[i:] for o, m in split for (i, _) in [m.version_switches[0]])
     # Samples that had finished before the push are wholly old; nothing in `during` claims the new
     # weights from its first token, since the push arrived after generation began.
