@@ -29,8 +29,9 @@ from grpo_pipe.rollout.step_gate import StepGate
 
 def engine_core_of(llm: Any) -> RunningCore | None:
     """How to reach the running requests of `llm`'s engine core, or None where neither layout applies."""
-    client = getattr(llm.llm_engine, "engine_core", None)
-    requests = getattr(getattr(getattr(client, "engine_core", None), "scheduler", None), "requests", None)
+    client = getattr(llm.llm_engine, "engine_core", None)  # vLLM's client of its engine core
+    core_here = getattr(client, "engine_core", None)  # the core itself, when it runs in this process
+    requests = getattr(getattr(core_here, "scheduler", None), "requests", None)
     if isinstance(requests, Mapping):
         return CoreInThisProcess(requests)
     states = getattr(getattr(llm.llm_engine, "output_processor", None), "request_states", None)
