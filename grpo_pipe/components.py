@@ -20,6 +20,8 @@ from grpo_pipe.interfaces import (
     Curriculum,
     ModelSource,
     Placement,
+    ReadsRequestTimestamps,
+    RecordsRequestTimestamps,
     Reward,
     RolloutEngine,
     TaskSource,
@@ -73,6 +75,7 @@ def build(cfg: DictConfig) -> Components:
         raise ConfigError(problems)
     parts = Components(**built)
     problems = combination_problems(parts)  # before `place`: judged on the engine as configured
+    problems += record_timestamps_if_read(parts.rollout, parts.reward)  # before `place`: engine actors get a copy
     parts.rollout = parts.placement.place(parts.rollout)
     problems += parts.weight_bridge.check(parts.rollout, parts.trainer.policy)
     problems += parts.placement.check(parts.trainer, parts.weight_bridge)  # GPUs, cluster, trainer kind
@@ -95,3 +98,17 @@ def combination_problems(parts: Components) -> list[str]:
     if parts.placement.sleep_level > 0 and not parts.rollout.enable_sleep_mode:
         problems.append(f"placement.sleep_level={parts.placement.sleep_level} needs rollout.enable_sleep_mode=true")
     return problems
+
+
+def record_timestamps_if_read(engine: RolloutEngine, reward: Reward) -> list[str]:
+    """`rollout.request_timestamps=null`: the engine records per-request timestamps exactly when the reward
+    reads them (they cost decode speed); an explicit false under a reward that reads them is a problem."""
+    reads = isinstance(reward, ReadsRequestTimestamps) and reward.reads_request_timestamps()
+    if not isinstance(engine, RecordsRequestTimestamps):
+        return []
+    if engine.request_timestamps is None:
+        engine.request_timestamps = reads
+    elif reads and not engine.request_timestamps:
+        return ["rollout.request_timestamps=false: the reward reads per-request timestamps (its latency term); "
+                "allowed: true or null"]
+    return []

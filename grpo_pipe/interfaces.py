@@ -226,6 +226,21 @@ class Reward(Protocol):
 
 
 @runtime_checkable
+class ReadsRequestTimestamps(Protocol):
+    """A reward that reads the engine's per-request timestamps (`RequestTelemetry.queued_s` ...). Engines
+    record them only when some component reads them: recording costs decode speed."""
+
+    def reads_request_timestamps(self) -> bool: ...
+
+
+@runtime_checkable
+class RecordsRequestTimestamps(Protocol):
+    """An engine that records per-request timestamps on request; None = not decided by the config."""
+
+    request_timestamps: bool | None
+
+
+@runtime_checkable
 class Curriculum(Protocol):
     """Chooses which tasks to roll out next and how many samples each gets."""
 

@@ -98,6 +98,9 @@ class InferenceAwareReward:
         self.kv_shape: KvShape | None = None
         self._warned_no_spec = False
 
+    def reads_request_timestamps(self) -> bool:
+        return True  # the latency term is logged (raw) whatever its weight
+
     def setup(self, model_path: Path, kv_dtype: torch.dtype) -> None:
         self.task_score.setup(model_path, kv_dtype)
         self.kv_shape = read_kv_shape(model_path, kv_dtype)

@@ -16,6 +16,7 @@ import torch
 
 from grpo_pipe.interfaces import (  # run time: config validation reads the hints
     ChecksItsConfig,
+    ReadsRequestTimestamps,
     Reward,
 )
 from grpo_pipe.types import RewardOutput, RolloutGroup
@@ -46,6 +47,9 @@ class WeightedReward:
             if isinstance(reward, ChecksItsConfig):
                 problems += [f"rewards.{name}.{p}" for p in reward.config_problems()]
         return problems
+
+    def reads_request_timestamps(self) -> bool:
+        return any(isinstance(r, ReadsRequestTimestamps) and r.reads_request_timestamps() for r in self.rewards.values())
 
     def setup(self, model_path: Path, kv_dtype: torch.dtype) -> None:
         for reward in self.rewards.values():

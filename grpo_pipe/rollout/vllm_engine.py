@@ -65,6 +65,7 @@ class VllmEngine:
         device_ids: str | None = None,
         in_flight_updates: bool = True,
         tensor_parallel_size: int = 1,
+        request_timestamps: bool | None = None,
     ) -> None:
         if tensor_parallel_size < 1:
             raise ValueError(f"rollout.tensor_parallel_size={tensor_parallel_size}: must be >= 1")
@@ -82,6 +83,10 @@ class VllmEngine:
         self.in_process = in_process
         self.max_num_seqs = max_num_seqs
         self.seed = seed
+        # Per-request queued / first / last token times (vLLM's request stats). Off unless asked for: vLLM's
+        # per-step stats cost ~10% of the decode rate (0.5B 8x8 on an H100, core in its own process: BENCHMARKS.md).
+        # None: the runner decides (on exactly when the reward reads them); an engine left at None records none.
+        self.request_timestamps = request_timestamps
         self.speculative_config = dict(speculative_config) if speculative_config else None
         if device_ids is not None and in_process:
             raise ValueError(
@@ -143,7 +148,7 @@ class VllmEngine:
             max_num_seqs=self.max_num_seqs,
             seed=self.seed,
             tensor_parallel_size=self.tensor_parallel_size,
-            disable_log_stats=False,  # per-request timestamps are only recorded with stats on
+            disable_log_stats=not self.request_timestamps,  # vLLM records request timestamps with its stats
             logprobs_mode="processed_logprobs",  # log-probs of the distribution actually sampled from
             worker_extension_cls=WORKER_EXTENSION,
         )

@@ -47,6 +47,29 @@ def test_sleep_needs_sleep_mode(compose_cfg) -> None:
     assert any("rollout.enable_sleep_mode=true" in p for p in _problems(cfg))
 
 
+SERVING_REWARD = ("+reward.rewards.serving={_target_: grpo_pipe.rewards.inference_aware.InferenceAwareReward, "
+                  "task_score: {_target_: grpo_pipe.rewards.correctness.CorrectnessReward}}")
+
+
+@pytest.mark.parametrize(("overrides", "recorded"), [
+    ([], False),  # correctness reads no timestamps
+    (["reward=weighted"], False),
+    (["reward=inference_aware"], True),  # its latency term
+    (["reward=weighted", SERVING_REWARD, "+reward.weights.serving=1.0"], True),  # one of the weighted rewards reads them
+    (["rollout.request_timestamps=true"], True),  # asked for, read or not
+])
+def test_the_engine_records_request_timestamps_when_asked_or_when_the_reward_reads_them(
+    compose_cfg, overrides: list[str], recorded: bool
+) -> None:
+    assert build(compose_cfg(overrides)).rollout.request_timestamps is recorded
+
+
+def test_a_reward_that_reads_timestamps_refuses_an_engine_told_not_to_record_them(compose_cfg) -> None:
+    cfg = compose_cfg(["reward=inference_aware", "rollout.request_timestamps=false"])
+    assert any(p.startswith("rollout.request_timestamps=false: the reward reads per-request timestamps")
+               for p in _problems(cfg))
+
+
 def test_nested_component_of_a_reward_is_validated(compose_cfg) -> None:
     cfg = compose_cfg(["reward=inference_aware", "+reward.task_score.wrongg=1", "reward.task_score.correct=yes"])
     problems = "\n".join(_problems(cfg))

