@@ -5,6 +5,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+import psutil
 import pytest
 import ray
 import torch
@@ -133,6 +134,42 @@ def test_a_broadcast_mid_generation_reaches_the_actor_engine_between_two_steps(c
     # weights from its first token, since the push arrived after generation began.
     assert all(d.policy_version == 0 and (d.version_switches or d.token_ids == b.token_ids) for b, d in pairs)
     assert all(c.policy_version == 1 and not c.version_switches for group in after for c in group)
+
+
+def _processes_below(host: object) -> list[tuple[int, str]]:
+    """(pid, name) of every process the actor's process started (run inside the actor)."""
+    return [(child.pid, child.name()) for child in psutil.Process().children(recursive=True)]
+
+
+def _running(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
+
+
+def test_a_killed_engine_actor_leaves_no_engine_process_behind(compose_cfg) -> None:
+    """An actor whose engine core runs in a process of its own, killed as a crash kills it: the core and its
+    workers end with it (vLLM's processes watch their parent), so a restarted engine finds the device free."""
+    parts = build(compose_cfg(["placement=split", "weight_bridge=nccl", "rollout.in_process=false"]))
+    engine = parts.rollout
+    engine.connect(parts.model.materialize(), parts.weight_bridge.engine_options())
+    try:
+        (actor,) = engine.actors
+        processes = ray.get(actor.__ray_call__.remote(_processes_below))
+        assert any(name.startswith("VLLM::EngineCore") for _, name in processes), processes
+        ray.kill(actor, no_restart=True)
+        pids = [pid for pid, _ in processes]
+        deadline = time.monotonic() + 30
+        while _running(pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _running(pids), [(pid, name) for pid, name in processes if pid in _running(pids)]
+    finally:
+        parts.placement.close()
 
 
 def _kill_engine_when(path, done: threading.Event) -> None:
