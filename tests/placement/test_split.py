@@ -165,9 +165,9 @@ def test_a_killed_engine_actor_leaves_no_engine_process_behind(compose_cfg) -> N
         ray.kill(actor, no_restart=True)
         pids = [pid for pid, _ in processes]
         deadline = time.monotonic() + 30
-        while _running(pids) and time.monotonic() < deadline:
+        while (alive := _running(pids)) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _running(pids), [(pid, name) for pid, name in processes if pid in _running(pids)]
+        assert not alive, [(pid, name) for pid, name in processes if pid in alive]
     finally:
         parts.placement.close()
 
