@@ -210,9 +210,11 @@ def main() -> None:
         for row in ours:  # against the faster raw configuration at the same batch, in the same round
             best = max((r["tokens_per_s"] for r in raw if r["batch"] == row["batch"]), default=None)
             row["vs_raw"] = row["tokens_per_s"] / best if best else None
-        rows += [{**row, "round": round_number} for row in raw + ours]
-    for row in sorted(rows, key=lambda r: (batches.index(parse_batch(r["batch"])), r["round"])):
-        print(format_engine_row(row, args.max_tokens, args.rounds), flush=True)
+        finished = [{**row, "round": round_number} for row in raw + ours]
+        # Printed as each round ends: a run cut short (a time limit on a GPU machine) keeps its finished rounds.
+        for row in finished:
+            print(format_engine_row(row, args.max_tokens, args.rounds), flush=True)
+        rows += finished
     ratios = ratios_over_rounds(rows)
     if args.rounds > 1:
         for batch, ratio in ratios.items():

@@ -17,6 +17,7 @@ from transformers import AutoTokenizer
 
 from grpo_pipe.bridges.contract import push_weights
 from grpo_pipe.bridges.files import copy_tokenizer_files
+from grpo_pipe.components import Components
 from grpo_pipe.pipeline import build
 from grpo_pipe.prompts import render_prompt
 from grpo_pipe.types import RolloutGroup, SamplingSettings, SyncStats
@@ -29,7 +30,7 @@ def greedy(engine, prompts) -> list[tuple[int, ...]]:
 
 
 def train_sync_and_compare(
-    cfg: DictConfig, saved: Path, fresh_from: str = "merged", before_close: Callable[[dict], None] | None = None
+    cfg: DictConfig, saved: Path, fresh_from: str = "merged", before_close: Callable[[Components], None] | None = None
 ) -> SyncStats:
     """`fresh_from="adapter"`: the fresh engine loads the base model plus the trainer's saved LoRA adapter
     (in bf16 an unmerged adapter is not bitwise equal to merged weights); "merged": one full checkpoint."""
@@ -79,6 +80,19 @@ def train_sync_and_compare(
         fresh = greedy(fresh_engine, prompts)
     finally:
         fresh_engine.shutdown()
-    assert live == fresh, "live engine after sync differs from a fresh engine on the same weights"
+    assert live == fresh, f"live engine after sync differs from a fresh engine on the same weights: {divergence(live, fresh)}"
     assert live != before, "the sync did not change the engine's outputs"
     return stats
+
+
+def divergence(live: list[tuple[int, ...]], fresh: list[tuple[int, ...]]) -> str:
+    """Where each differing pair of outputs parts: a first token that differs points at the weights, a late one
+    at the numerics of the forward pass."""
+    parts = []
+    for index, (ours, theirs) in enumerate(zip(live, fresh)):
+        if ours != theirs:
+            at = next((k for k, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+            parts.append(f"prompt {index} from token {at} of {len(ours)}/{len(theirs)} "
+                         f"(live {list(ours[at:at + 3])}, fresh {list(theirs[at:at + 3])})")
+    return "; ".join(parts) or f"{len(live)} live outputs vs {len(fresh)} fresh ones"
+

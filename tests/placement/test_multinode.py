@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from grpo_pipe.components import Components
 from grpo_pipe.config.validate import ConfigError
 from grpo_pipe.pipeline import build
 from grpo_pipe.placement.resources import gpu_problems
@@ -37,7 +38,7 @@ def test_two_node_cluster_trains_on_two_ranks_and_syncs_two_replicas(compose_cfg
     cfg = compose_cfg([*SCALE_OUT, f"placement.ray_address={two_nodes}", "trainer.micro_batch_size=4"])
     nodes: set[str] = set()
 
-    def where_everything_ran(parts: dict) -> None:
+    def where_everything_ran(parts: Components) -> None:
         actors = parts.placement._actors + parts.trainer.workers
         nodes.update(ray.get([a.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()) for a in actors]))
 
