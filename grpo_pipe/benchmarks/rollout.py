@@ -201,12 +201,18 @@ def main() -> None:
     engine = instantiate(cfg.rollout, _convert_="all")
     options = instantiate(cfg.weight_bridge, _convert_="all").engine_options()
     rows: list[dict[str, Any]] = []
+
+    def measure_raw() -> list[dict[str, Any]]:
+        return [] if "raw" in skip else raw_vllm(path, prompts, batches, sampling, engine, args.repeats)
+
+    def measure_ours() -> list[dict[str, Any]]:
+        return [] if "engine" in skip else pipeline_engine(path, prompts, batches, sampling, engine, options,
+                                                            args.repeats)
+
     # Rounds alternate raw and pipeline engines: on a GPU two starts of one engine differ by several
     # points, so one engine of each is a noisy comparison; the median ratio over rounds is the figure.
     for round_number in range(1, args.rounds + 1):
-        raw = [] if "raw" in skip else raw_vllm(path, prompts, batches, sampling, engine, args.repeats)
-        ours = [] if "engine" in skip else pipeline_engine(path, prompts, batches, sampling, engine, options,
-                                                            args.repeats)
+        raw, ours = measure_round(round_number, measure_raw, measure_ours)
         for row in ours:  # against the faster raw configuration at the same batch, in the same round
             best = max((r["tokens_per_s"] for r in raw if r["batch"] == row["batch"]), default=None)
             row["vs_raw"] = row["tokens_per_s"] / best if best else None
@@ -232,6 +238,17 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps({"overrides": args.overrides, "device": device_name(), "engines": rows,
                                          "vs_raw": ratios, "end_to_end": steps}, indent=2))
+
+
+def measure_round(round_number: int, measure_raw: Callable[[], list[dict[str, Any]]],
+                  measure_ours: Callable[[], list[dict[str, Any]]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Raw vLLM's rows and the pipeline's, measured raw first in odd rounds and the pipeline first in even
+    ones: whatever favours an engine for its place in a round (clocks, warm caches) falls on each in turn."""
+    if round_number % 2:
+        raw = measure_raw()
+        return raw, measure_ours()
+    ours = measure_ours()
+    return measure_raw(), ours
 
 
 def device_name() -> str:

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+from grpo_pipe.benchmarks.rollout import measure_round
 from tests.conftest import REPO
 
 
@@ -31,3 +32,19 @@ def test_rollout_benchmark_prints_raw_pipeline_and_step_figures(tmp_path) -> Non
     assert all(r["tokens"] > 0 for r in raw + ours) and all(r["vs_raw"] > 0 for r in ours)
     assert len(result["end_to_end"]["step_times_s"]) == 3 and result["end_to_end"]["step_s"] > 0
     assert "tok/s" in proc.stdout and "s/step" in proc.stdout and "over 2 rounds: median" in proc.stdout
+
+
+def test_rounds_alternate_which_engine_starts_first() -> None:
+    started: list[str] = []
+
+    def measure(name: str):
+        def run() -> list[dict]:
+            started.append(name)
+            return [{"engine": name}]
+
+        return run
+
+    results = [measure_round(n, measure("raw"), measure("ours")) for n in (1, 2, 3)]
+    assert started == ["raw", "ours", "ours", "raw", "raw", "ours"]
+    assert results == [([{"engine": "raw"}], [{"engine": "ours"}])] * 3  # always returned as (raw, ours)
+
