@@ -20,7 +20,6 @@ from grpo_pipe.interfaces import (
     Curriculum,
     ModelSource,
     Placement,
-    ReadsRequestTimestamps,
     RecordsRequestTimestamps,
     Reward,
     RolloutEngine,
@@ -28,6 +27,7 @@ from grpo_pipe.interfaces import (
     Tracker,
     Trainer,
     WeightBridge,
+    reads_request_timestamps,
 )
 from grpo_pipe.rollout.scheduler import RolloutScheduler
 from grpo_pipe.run_state import RunSettings
@@ -103,9 +103,9 @@ def combination_problems(parts: Components) -> list[str]:
 def record_timestamps_if_read(engine: RolloutEngine, reward: Reward) -> list[str]:
     """`rollout.request_timestamps=null`: the engine records per-request timestamps exactly when the reward
     reads them (they cost decode speed); an explicit false under a reward that reads them is a problem."""
-    reads = isinstance(reward, ReadsRequestTimestamps) and reward.reads_request_timestamps()
     if not isinstance(engine, RecordsRequestTimestamps):
         return []
+    reads = reads_request_timestamps(reward)
     if engine.request_timestamps is None:
         engine.request_timestamps = reads
     elif reads and not engine.request_timestamps:

@@ -233,6 +233,11 @@ class ReadsRequestTimestamps(Protocol):
     def reads_request_timestamps(self) -> bool: ...
 
 
+def reads_request_timestamps(reward: object) -> bool:
+    """Whether `reward` reads per-request timestamps (a reward without the method reads none)."""
+    return isinstance(reward, ReadsRequestTimestamps) and reward.reads_request_timestamps()
+
+
 @runtime_checkable
 class RecordsRequestTimestamps(Protocol):
     """An engine that records per-request timestamps on request; None = not decided by the config."""

@@ -16,8 +16,8 @@ import torch
 
 from grpo_pipe.interfaces import (  # run time: config validation reads the hints
     ChecksItsConfig,
-    ReadsRequestTimestamps,
     Reward,
+    reads_request_timestamps,
 )
 from grpo_pipe.types import RewardOutput, RolloutGroup
 
@@ -49,7 +49,7 @@ class WeightedReward:
         return problems
 
     def reads_request_timestamps(self) -> bool:
-        return any(isinstance(r, ReadsRequestTimestamps) and r.reads_request_timestamps() for r in self.rewards.values())
+        return any(reads_request_timestamps(reward) for reward in self.rewards.values())
 
     def setup(self, model_path: Path, kv_dtype: torch.dtype) -> None:
         for reward in self.rewards.values():

@@ -47,4 +47,3 @@ def test_rounds_alternate_which_engine_starts_first() -> None:
     results = [measure_round(n, measure("raw"), measure("ours")) for n in (1, 2, 3)]
     assert started == ["raw", "ours", "ours", "raw", "raw", "ours"]
     assert results == [([{"engine": "raw"}], [{"engine": "ours"}])] * 3  # always returned as (raw, ours)
-

@@ -95,4 +95,3 @@ def divergence(live: list[tuple[int, ...]], fresh: list[tuple[int, ...]]) -> str
             parts.append(f"prompt {index} from token {at} of {len(ours)}/{len(theirs)} "
                          f"(live {list(ours[at:at + 3])}, fresh {list(theirs[at:at + 3])})")
     return "; ".join(parts) or f"{len(live)} live outputs vs {len(fresh)} fresh ones"
-
