@@ -121,17 +121,22 @@ class GRPORecipe:
         """One GRPO step. Rollouts for this step were scheduled during the previous one."""
         p, rec = self.parts, self.recorder
         rec.begin()
-        groups = self._take_rollouts(step)                                  # 1. pick tasks, roll out (scheduler)
-        scored = p.reward(groups)                                           # 2. score every completion
+        with rec.phase("rollouts"):
+            groups = self._take_rollouts(step)                              # 1. pick tasks, roll out (scheduler)
+        with rec.phase("reward"):
+            scored = p.reward(groups)                                       # 2. score every completion
         rec.scores(step, groups, scored)
-        # Difficulty is how well a task is solved: latency and length terms would drown it.
-        rec.add(p.curriculum.update(_uids(groups), scored.difficulty_signal))  # 3. the curriculum learns
-        p.placement.before_train(self.engine)                               # 4. the device to the trainer
+        with rec.phase("curriculum"):
+            # Difficulty is how well a task is solved: latency and length terms would drown it.
+            rec.add(p.curriculum.update(_uids(groups), scored.difficulty_signal))  # 3. the curriculum learns
+        with rec.phase("placement"):
+            p.placement.before_train(self.engine)                           # 4. the device to the trainer
         with rec.training():                                                # 5. advantages + one update
             rec.add(p.trainer.step(groups, scored.values, self.sampling.temperature))
         self.trained_through = step
         rec.synced(self._sync_if_due())                                     # 6. new weights to the engine
-        self._schedule_rollouts(steps_done=step)                            # 7. the engine's next work, now
+        with rec.phase("schedule"):
+            self._schedule_rollouts(steps_done=step)                        # 7. the engine's next work, now
         return rec.end(p.trainer.version, self.engine_restarts)
 
     def evaluate(self, step: int) -> dict[str, float]:

@@ -3,6 +3,7 @@ the algorithm. One `begin`/`end` pair per step; what the whole loop accumulates 
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -11,6 +12,12 @@ from typing import Any
 from grpo_pipe import step_metrics
 from grpo_pipe.rollout.scheduler import RolloutScheduler, TakenBatch
 from grpo_pipe.types import RewardOutput, RolloutGroup, SyncStats
+
+# The parts of a step, in order: getting the batch (waiting for it included), scoring it, the curriculum's
+# update, handing the device to the trainer, the optimizer update, the weight sync, scheduling the engine's
+# next work (an engine in this process generates it there and then); and the whole step.
+PHASES = ("time/rollouts_s", "time/reward_s", "time/curriculum_s", "time/placement_s", "time/train_s", "sync/total_s",
+          "time/schedule_s", "time/step_s")
 
 
 class StepRecorder:
@@ -26,6 +33,7 @@ class StepRecorder:
         self.samples = 0
         self.samples_updated_in_flight = 0
         self.step_seconds: list[float] = []  # wall time of each step of this process's loop
+        self.phase_seconds: list[dict[str, float]] = []  # where each step's time went (PHASES), per step
         self._metrics: dict[str, float] = {}
         self._started = 0.0
 
@@ -53,6 +61,13 @@ class StepRecorder:
         self.table.extend(step_metrics.sample_rows(step, groups, scored, self.samples_to_log))
 
     @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Times one part of the step as `time/<name>_s`."""
+        started = time.perf_counter()
+        yield
+        self.add({f"time/{name}_s": time.perf_counter() - started})
+
+    @contextmanager
     def training(self) -> Iterator[None]:
         """Times the optimizer update (for the overlap summary) and records memory after it."""
         started = time.time()
@@ -75,6 +90,7 @@ class StepRecorder:
         metrics["engine/restarts"] = float(engine_restarts)
         metrics["time/step_s"] = time.perf_counter() - self._started
         self.step_seconds.append(metrics["time/step_s"])
+        self.phase_seconds.append({key: metrics[key] for key in PHASES if key in metrics})
         self.step_rewards.append(metrics["train/reward/mean"])
         return metrics
 
@@ -85,4 +101,12 @@ class StepRecorder:
             **step_metrics.overlap_summary(scheduler, self.train_spans, self.wait_s, loop_s),
             "summary/in_flight_updated_fraction": self.samples_updated_in_flight / max(self.samples, 1),
             "summary/step_s": sum(self.step_seconds) / max(len(self.step_seconds), 1),
+            **self.phase_summary(),
         }
+
+    def phase_summary(self) -> dict[str, float]:
+        """Median seconds per step of each phase, as `summary/phase/<phase>`. The first step also waits for
+        the first batch and warms up, so it is left out when there are three steps or more."""
+        steps = self.phase_seconds[1:] if len(self.phase_seconds) >= 3 else self.phase_seconds
+        return {f"summary/phase/{key.split('/', 1)[1]}": statistics.median(s.get(key, 0.0) for s in steps)
+                for key in PHASES if any(key in s for s in steps)}

@@ -46,6 +46,8 @@ def run_variant(overrides: list[str], staleness: int, steps: int, out: Path, in_
         "in_flight_updated_fraction": result.summary["summary/in_flight_updated_fraction"],
         "groups_trained": result.ledger.trained,
         "groups_dropped": sum(result.ledger.dropped.values()),
+        "phases_s": {key.removeprefix("summary/phase/"): value for key, value in result.summary.items()
+                     if key.startswith("summary/phase/")},
     }
 
 
@@ -79,7 +81,8 @@ def format_row(row: dict[str, Any]) -> str:
         f"{row['step_s']:7.2f} s/step  speed-up vs first {row['ratio_vs_first']:.2f}x  "
         f"overlap {row['overlap_fraction']:.2f}  engine idle {row['engine_idle_fraction']:.2f}  "
         f"trainer idle {row['trainer_idle_fraction']:.2f}  updated in flight {row['in_flight_updated_fraction']:.2f}  "
-        f"trained {row['groups_trained']} dropped {row['groups_dropped']}"
+        f"trained {row['groups_trained']} dropped {row['groups_dropped']}\n"
+        "    median s/step by phase: " + ", ".join(f"{name} {value:.2f}" for name, value in row["phases_s"].items())
     )
 
 

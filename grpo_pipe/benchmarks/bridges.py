@@ -54,12 +54,22 @@ def raw_copy_s(nbytes: int, repeats: int) -> float:
     return timed(lambda: dst.copy_(src), repeats)[0]
 
 
+def engine_memory_fraction(path: Path) -> float:
+    """The engine's share of a GPU: the weights on `path` plus a few GiB for activations and the KV cache, and
+    at least 0.2 (a fixed 0.2 leaves no KV cache for a 7B model on an 80 GB card)."""
+    if not ON_GPU:
+        return 0.2
+    weight_bytes = sum(f.stat().st_size for f in path.glob("*.safetensors"))
+    return max(0.2, (weight_bytes + 6 * 2**30) / torch.cuda.get_device_properties(0).total_memory)
+
+
 def _engine(path: Path, bridge: str, options: dict[str, Any]) -> VllmEngine:
     # The engine runs where it runs by default (GPU: its own process; CPU: this one); nccl always gets a process
     # (and, with two GPUs, a GPU) of its own. Eager: sync cost does not depend on CUDA graphs, whose capture
     # would only lengthen every start (and the checkpoint bridge's restarts with their baseline alike).
     other_gpu = "1" if bridge == "nccl" and torch.cuda.device_count() > 1 else None
-    engine = VllmEngine(max_model_len=512, kv_cache_gib=0.5, gpu_memory_utilization=0.2, enforce_eager=True,
+    engine = VllmEngine(max_model_len=512, kv_cache_gib=0.5, gpu_memory_utilization=engine_memory_fraction(path),
+                        enforce_eager=True,
                         in_process=False if bridge == "nccl" else None, device_ids=other_gpu)
     engine.connect(path, options)
     return engine
