@@ -16,8 +16,9 @@ from grpo_pipe.types import RewardOutput, RolloutGroup, SyncStats
 # The parts of a step, in order: getting the batch (waiting for it included), scoring it, the curriculum's
 # update, handing the device to the trainer, the optimizer update, the weight sync, scheduling the engine's
 # next work (an engine in this process generates it there and then); and the whole step.
-PHASES = ("time/rollouts_s", "time/reward_s", "time/curriculum_s", "time/placement_s", "time/train_s", "sync/total_s",
-          "time/schedule_s", "time/step_s")
+PHASES = {"rollouts_s": "time/rollouts_s", "reward_s": "time/reward_s", "curriculum_s": "time/curriculum_s",
+          "placement_s": "time/placement_s", "train_s": "time/train_s", "sync_s": "sync/total_s",
+          "schedule_s": "time/schedule_s", "step_s": "time/step_s"}
 
 
 class StepRecorder:
@@ -33,7 +34,7 @@ class StepRecorder:
         self.samples = 0
         self.samples_updated_in_flight = 0
         self.step_seconds: list[float] = []  # wall time of each step of this process's loop
-        self.phase_seconds: list[dict[str, float]] = []  # where each step's time went (PHASES), per step
+        self.phase_seconds: list[dict[str, float]] = []  # where each step's time went, by PHASES' names
         self._metrics: dict[str, float] = {}
         self._started = 0.0
 
@@ -90,7 +91,7 @@ class StepRecorder:
         metrics["engine/restarts"] = float(engine_restarts)
         metrics["time/step_s"] = time.perf_counter() - self._started
         self.step_seconds.append(metrics["time/step_s"])
-        self.phase_seconds.append({key: metrics[key] for key in PHASES if key in metrics})
+        self.phase_seconds.append({name: metrics[key] for name, key in PHASES.items() if key in metrics})
         self.step_rewards.append(metrics["train/reward/mean"])
         return metrics
 
@@ -108,5 +109,5 @@ class StepRecorder:
         """Median seconds per step of each phase, as `summary/phase/<phase>`. The first step also waits for
         the first batch and warms up, so it is left out when there are three steps or more."""
         steps = self.phase_seconds[1:] if len(self.phase_seconds) >= 3 else self.phase_seconds
-        return {f"summary/phase/{key.split('/', 1)[1]}": statistics.median(s.get(key, 0.0) for s in steps)
-                for key in PHASES if any(key in s for s in steps)}
+        return {f"summary/phase/{name}": statistics.median(s.get(name, 0.0) for s in steps)
+                for name in PHASES if any(name in s for s in steps)}

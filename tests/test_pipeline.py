@@ -8,7 +8,7 @@ EXPECTED_METRICS = {
     "train/loss", "train/reward/mean", "train/reward/std", "train/accuracy", "rollout/tokens_per_s",
     "time/step_s", "time/train_s", "rollout/time_s", "sync/total_s", "policy/version", "eval/accuracy",
     "time/rollouts_s", "time/reward_s", "time/curriculum_s", "time/placement_s", "time/schedule_s",
-    "summary/phase/step_s", "summary/phase/train_s", "summary/phase/reward_s",
+    "summary/phase/step_s", "summary/phase/train_s", "summary/phase/reward_s", "summary/phase/sync_s",
 }
 
 
