@@ -33,8 +33,7 @@ class StepRecorder:
         # This process's loop only, like train_spans: samples trained on, and those new weights reached mid-way.
         self.samples = 0
         self.samples_updated_in_flight = 0
-        self.step_seconds: list[float] = []  # wall time of each step of this process's loop
-        self.phase_seconds: list[dict[str, float]] = []  # where each step's time went, by PHASES' names
+        self.phase_seconds: list[dict[str, float]] = []  # each step of this process's loop, by PHASES' names
         self._metrics: dict[str, float] = {}
         self._started = 0.0
 
@@ -71,10 +70,10 @@ class StepRecorder:
     @contextmanager
     def training(self) -> Iterator[None]:
         """Times the optimizer update (for the overlap summary) and records memory after it."""
-        started = time.time()
-        yield
+        started = time.time()  # wall clock, as the engine's generation spans are
+        with self.phase("train"):
+            yield
         self.train_spans.append((started, time.time()))
-        self.add({"time/train_s": time.time() - started})
         self.add(step_metrics.memory_metrics())
 
     def synced(self, stats: SyncStats | None) -> None:
@@ -90,7 +89,6 @@ class StepRecorder:
         metrics["policy/version"] = float(policy_version)
         metrics["engine/restarts"] = float(engine_restarts)
         metrics["time/step_s"] = time.perf_counter() - self._started
-        self.step_seconds.append(metrics["time/step_s"])
         self.phase_seconds.append({name: metrics[key] for name, key in PHASES.items() if key in metrics})
         self.step_rewards.append(metrics["train/reward/mean"])
         return metrics
@@ -101,7 +99,7 @@ class StepRecorder:
             **step_metrics.quarter_summary(self.step_rewards),
             **step_metrics.overlap_summary(scheduler, self.train_spans, self.wait_s, loop_s),
             "summary/in_flight_updated_fraction": self.samples_updated_in_flight / max(self.samples, 1),
-            "summary/step_s": sum(self.step_seconds) / max(len(self.step_seconds), 1),
+            "summary/step_s": sum(s["step_s"] for s in self.phase_seconds) / max(len(self.phase_seconds), 1),
             **self.phase_summary(),
         }
 

@@ -69,8 +69,7 @@ def _engine(path: Path, bridge: str, options: dict[str, Any]) -> VllmEngine:
     # would only lengthen every start (and the checkpoint bridge's restarts with their baseline alike).
     other_gpu = "1" if bridge == "nccl" and torch.cuda.device_count() > 1 else None
     engine = VllmEngine(max_model_len=512, kv_cache_gib=0.5, gpu_memory_utilization=engine_memory_fraction(path),
-                        enforce_eager=True,
-                        in_process=False if bridge == "nccl" else None, device_ids=other_gpu)
+                        enforce_eager=True, in_process=False if bridge == "nccl" else None, device_ids=other_gpu)
     engine.connect(path, options)
     return engine
 

@@ -4,6 +4,7 @@ generation running ahead of training within the staleness bound. Real Ray, real 
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import psutil
 import pytest
@@ -141,18 +142,20 @@ def _processes_below(host: object) -> list[tuple[int, str]]:
     return [(child.pid, child.name()) for child in psutil.Process().children(recursive=True)]
 
 
-def _processes_with_an_engine_core(actor: object) -> list[tuple[int, str]]:
+def _processes_with_an_engine_core(actor: Any) -> list[tuple[int, str]]:
     """The actor's processes once one of them carries vLLM's engine-core title. Once in eight runs every child
     read as plain `python` right after the engine answered (cause not known): the names are read again until
     the title shows, and listed if it never does."""
     deadline = time.monotonic() + 30
-    while True:
-        processes = ray.get(actor.__ray_call__.remote(_processes_below))  # type: ignore[attr-defined]
-        if any(name.startswith("VLLM::EngineCore") for _, name in processes) or time.monotonic() > deadline:
-            break
+    while not _has_engine_core(processes := ray.get(actor.__ray_call__.remote(_processes_below))):
+        if time.monotonic() > deadline:
+            raise AssertionError(processes)
         time.sleep(0.5)
-    assert any(name.startswith("VLLM::EngineCore") for _, name in processes), processes
     return processes
+
+
+def _has_engine_core(processes: list[tuple[int, str]]) -> bool:
+    return any(name.startswith("VLLM::EngineCore") for _, name in processes)
 
 
 def _running(pids: list[int]) -> list[int]:
