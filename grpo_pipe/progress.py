@@ -21,6 +21,8 @@ def summary_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
         f"step {step}/{total} | reward {metrics.get('train/reward/mean', float('nan')):.3f}"
         f" | acc {metrics.get('train/accuracy', float('nan')):.2f}"
         f" | loss {metrics.get('train/loss', float('nan')):+.4f}"
+        f" | mismatch {metrics.get('mismatch/logprob_abs_mean', float('nan')):.4f}"
+        f" clip {metrics.get('train/clip_fraction', float('nan')):.3f}"
         f" | gen {metrics.get('rollout/tokens_per_s', 0.0):.0f} tok/s"
         f" | step {metrics.get('time/step_s', 0.0):.1f}s"
         f" | sync {metrics.get('sync/total_s', 0.0) * 1000:.0f}ms v{int(metrics.get('policy/version', 0))}"

@@ -25,7 +25,7 @@ from grpo_pipe.progress import StepProgress, format_metrics
 from grpo_pipe.prompts import render_prompt
 from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
 from grpo_pipe.rollout.scheduler import Ledger, RolloutScheduler, TakenBatch
-from grpo_pipe.step_recorder import StepRecorder
+from grpo_pipe.step_recorder import MismatchWatch, StepRecorder
 from grpo_pipe.stopping import GenerationInterrupted, StopRequest
 from grpo_pipe.types import RolloutGroup, SamplingSettings, SyncStats, Task
 
@@ -55,7 +55,8 @@ class GRPORecipe:
         self.pushed_version = 0  # the newest policy version the engine has been given
         self.trained_through = 0  # the last step whose optimizer update is done
         self.engine_restarts = 0
-        self.recorder = StepRecorder(parts.run.samples_to_log)
+        watch = MismatchWatch(parts.run.mismatch_warn, type(parts.weight_bridge).__name__)
+        self.recorder = StepRecorder(parts.run.samples_to_log, watch)
 
     def setup(self) -> None:
         """Load the model, start the engine and the trainer, connect the bridge, prepare the evaluation."""
@@ -137,7 +138,7 @@ class GRPORecipe:
         rec.synced(self._sync_if_due())                                     # 6. new weights to the engine
         with rec.phase("schedule"):
             self._schedule_rollouts(steps_done=step)                        # 7. the engine's next work, now
-        return rec.end(p.trainer.version, self.engine_restarts)
+        return rec.end(step, p.trainer.version, self.engine_restarts)
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Held-out greedy evaluation; notes the best so far (and exports it)."""
@@ -214,7 +215,7 @@ class GRPORecipe:
             self.recorder.waited(taken)
             dropped += len(taken.dropped)
             if taken.groups:
-                self.recorder.rollouts(taken, dropped, self.scheduler)
+                self.recorder.rollouts(taken, dropped, self.scheduler, self.parts.trainer.version)
                 return taken.groups
             log.warning("Step %d: every group of a batch was too stale and dropped; taking the next one", step)
 

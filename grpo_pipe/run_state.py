@@ -54,9 +54,14 @@ class RunSettings:
     eval_pass_k: int = 0  # k sampled completions per held-out task for eval/pass_at_<k>; 0 = greedy only
     objective: str = "eval/accuracy"  # what the job returns to a sweeper (Optuna) and what a sweep's comparison ranks by
     objective_direction: Literal["maximize", "minimize"] = "maximize"
+    # On-policy batches whose mean |log pi_trainer - log pi_sampler| passes this warn (once): the engine is not
+    # serving the trainer's weights (a broken sync), or the two sides compute differently; null = never.
+    mismatch_warn: float | None = 0.1
 
     def config_problems(self) -> list[str]:
         problems = [metric_problem(self.eval_metric), objective_problem(self.objective)]
+        if self.mismatch_warn is not None and self.mismatch_warn <= 0:
+            problems.append(f"run.mismatch_warn={self.mismatch_warn}: must be > 0, or null for no warning")
         return [p for p in problems if p]
 
     def objective_value(self, end_metrics: Mapping[str, float]) -> float:

@@ -3,6 +3,7 @@ the algorithm. One `begin`/`end` pair per step; what the whole loop accumulates 
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -13,6 +14,8 @@ from grpo_pipe import step_metrics
 from grpo_pipe.rollout.scheduler import RolloutScheduler, TakenBatch
 from grpo_pipe.types import RewardOutput, RolloutGroup, SyncStats
 
+log = logging.getLogger(__name__)
+
 # The parts of a step, in order: getting the batch (waiting for it included), scoring it, the curriculum's
 # update, handing the device to the trainer, the optimizer update, the weight sync, scheduling the engine's
 # next work (an engine in this process generates it there and then); and the whole step.
@@ -21,11 +24,40 @@ PHASES = {"rollouts_s": "time/rollouts_s", "reward_s": "time/reward_s", "curricu
           "schedule_s": "time/schedule_s", "step_s": "time/step_s"}
 
 
+class MismatchWatch:
+    """Warns once when an on-policy batch's trainer/sampler log-prob mismatch passes a threshold, naming the bridge:
+    both sides should hold the same weights then, so a large mismatch means a sync that did not land (or numerics
+    far apart), which would otherwise only show as slow learning."""
+
+    def __init__(self, threshold: float | None, bridge: str) -> None:
+        self.threshold = threshold
+        self.bridge = bridge
+        self.warned = False
+
+    def check(self, step: int, metrics: Mapping[str, float], on_policy: bool) -> None:
+        value = metrics.get(MISMATCH_KEY)
+        if self.warned or self.threshold is None or not on_policy or value is None or value <= self.threshold:
+            return
+        self.warned = True
+        log.warning(
+            "Step %d: the engine's log-probs differ from the trainer's on the same weights by %.4f per token on "
+            "average (run.mismatch_warn=%s; max %.3f, KL %.4f). Suspect the weight bridge (%s): does the engine serve the "
+            "trainer's weights after a sync? Warned once; the mismatch/* metrics show every step.",
+            step, value, self.threshold, metrics.get("mismatch/logprob_abs_max", float("nan")),
+            metrics.get("mismatch/kl_k3", float("nan")), self.bridge,
+        )
+
+
+MISMATCH_KEY = "mismatch/logprob_abs_mean"
+
+
 class StepRecorder:
     """What one step produced (as metrics), and what the loop in this process accumulates."""
 
-    def __init__(self, samples_to_log: int) -> None:
+    def __init__(self, samples_to_log: int, mismatch: MismatchWatch | None = None) -> None:
         self.samples_to_log = samples_to_log  # completions per step kept for the samples table
+        self.mismatch = mismatch or MismatchWatch(None, "")
+        self.on_policy = False  # every completion of this step's batch came from the weights the trainer holds
         self.step_rewards: list[float] = []  # mean reward per step, from step 1 (restored on resume)
         self.train_spans: list[tuple[float, float]] = []  # wall clock, trainer busy
         self.wait_s = 0.0  # trainer time spent waiting for rollouts
@@ -45,9 +77,10 @@ class StepRecorder:
         """A batch came back from the scheduler (also one whose every group was dropped)."""
         self.wait_s += taken.wait_s
 
-    def rollouts(self, taken: TakenBatch, dropped: int, scheduler: RolloutScheduler) -> None:
+    def rollouts(self, taken: TakenBatch, dropped: int, scheduler: RolloutScheduler, trainer_version: int) -> None:
         """The batch trained on this step; `dropped` counts groups discarded as too stale on the way."""
         completions = [c for g in taken.groups for c in g.completions]
+        self.on_policy = all(c.policy_version == trainer_version and not c.version_switches for c in completions)
         self.samples += len(completions)
         self.samples_updated_in_flight += sum(bool(c.version_switches) for c in completions)
         gen_s = taken.generated.finished_s - taken.generated.started_s
@@ -83,9 +116,10 @@ class StepRecorder:
     def add(self, metrics: Mapping[str, float] | None) -> None:
         self._metrics.update(metrics or {})
 
-    def end(self, policy_version: int, engine_restarts: int) -> dict[str, float]:
+    def end(self, step: int, policy_version: int, engine_restarts: int) -> dict[str, float]:
         """This step's metrics; its mean reward joins the run's reward curve."""
         metrics = self._metrics
+        self.mismatch.check(step, metrics, self.on_policy)
         metrics["policy/version"] = float(policy_version)
         metrics["engine/restarts"] = float(engine_restarts)
         metrics["time/step_s"] = time.perf_counter() - self._started

@@ -8,7 +8,7 @@ def _step(recorder: StepRecorder, reward_s: float) -> dict[str, float]:
     with recorder.phase("schedule"):
         pass
     recorder.add({"time/reward_s": reward_s, "train/reward/mean": 0.5})
-    return recorder.end(policy_version=1, engine_restarts=0)
+    return recorder.end(step=1, policy_version=1, engine_restarts=0)
 
 
 def test_a_phase_is_a_step_metric_in_seconds() -> None:

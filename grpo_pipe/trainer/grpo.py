@@ -15,17 +15,19 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Literal, Protocol, cast
 
 import torch
 
 from grpo_pipe.checkpointing import restore_rng, rng_state
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.dtypes import DTYPES, DtypeName
-from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_logprobs, flatten
-from grpo_pipe.trainer.loss import GRPOLoss
+from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_entropy, completion_logprobs, flatten
+from grpo_pipe.trainer.loss import GRPOLoss, LossStats
+from grpo_pipe.trainer.mismatch import MismatchSums, mismatch_sums
 from grpo_pipe.trainer.schedule import warmup_schedule
 from grpo_pipe.types import RolloutGroup
 
@@ -35,6 +37,7 @@ log = logging.getLogger(__name__)
 # schedule gets the optimizer and the number of updates in the run.
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 ScheduleFactory = Callable[[torch.optim.Optimizer, int], Any]
+AutocastName = Literal["auto", "bfloat16", "float16"]  # the compute dtype of forward and backward
 
 
 class TrainablePolicy(Protocol):
@@ -70,10 +73,35 @@ def default_micro_batch_size() -> int:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` = bf16 on GPU, fp32 on CPU (bf16 matmuls on CPU are slow and inexact)."""
+    """The weights' dtype. `auto` = fp32 master weights on every device: AdamW's update at RL learning rates
+    is smaller than a bf16 weight's rounding step (at lr 2e-5 one update changes 4% of SmolLM2's bf16
+    weights and leaves the rest as they were), so weights stored in bf16 barely learn."""
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return torch.float32
     return DTYPES[name]
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Weights (and optimizer state) in `weights`; forward and backward under autocast to `compute` when set."""
+
+    weights: torch.dtype
+    compute: torch.dtype | None
+
+    @classmethod
+    def resolve(cls, weights: str, autocast: str | None, device: torch.device) -> Precision:
+        """`autocast: auto` = bf16 compute on a GPU (as TRL and mixed-precision training generally), none on
+        a CPU (bf16 matmuls there are slow and inexact)."""
+        weight_dtype = resolve_dtype(weights, device)
+        if autocast == "auto":
+            autocast = "bfloat16" if device.type == "cuda" else None
+        compute = None if autocast is None else DTYPES[autocast]
+        return cls(weight_dtype, None if compute == weight_dtype else compute)
+
+    def autocast(self, device: torch.device) -> AbstractContextManager[Any]:
+        if self.compute is None:
+            return nullcontext()
+        return torch.autocast(device.type, dtype=self.compute)
 
 
 class GRPOTrainer:
@@ -92,6 +120,7 @@ class GRPOTrainer:
         micro_batch_size: int | None = None,
         updates_per_batch: int = 1,
         dtype: DtypeName = "auto",
+        autocast: AutocastName | None = "auto",
         max_bad_steps: int = 3,
         skip_zero_advantage: bool = True,
     ) -> None:
@@ -109,7 +138,7 @@ class GRPOTrainer:
             raise ConfigError(problems)
         self.policy = policy
         self.loss = loss or GRPOLoss()
-        self.optimizer_factory = optimizer or functools.partial(torch.optim.AdamW, betas=(0.9, 0.99), weight_decay=0.0)
+        self.optimizer_factory = optimizer or functools.partial(torch.optim.AdamW, betas=(0.9, 0.999), weight_decay=0.0)
         self.schedule_factory = lr_schedule or functools.partial(warmup_schedule, name="constant")
         self.steps = steps
         self.lr = lr
@@ -117,6 +146,8 @@ class GRPOTrainer:
         self.micro_batch_size = micro_batch_size or default_micro_batch_size()
         self.updates_per_batch = updates_per_batch
         self.dtype_name = dtype
+        self.autocast_name = autocast
+        self.precision = Precision(torch.float32, None)  # resolved for the device in setup
         self.max_bad_steps = max_bad_steps
         self.skip_zero_advantage = skip_zero_advantage
         self.version = 0  # bumped by every step that applied at least one optimizer update
@@ -131,7 +162,8 @@ class GRPOTrainer:
     def setup(self, model_path: Path, device: torch.device, pad_id: int) -> None:
         self.device = device
         self.pad_id = pad_id
-        self.policy.load(model_path, device, resolve_dtype(self.dtype_name, device))
+        self.precision = Precision.resolve(self.dtype_name, self.autocast_name, device)
+        self.policy.load(model_path, device, self.precision.weights)
         self.logits_to_keep = takes_logits_to_keep(self.policy.module)
         if self.loss.needs_reference:
             self.policy.keep_reference()
@@ -180,10 +212,10 @@ class GRPOTrainer:
     def train_plan(self, plan: BatchPlan, temperature: float) -> dict[str, float]:
         """`step` on a plan already made (the sharded trainer hands each rank its share of one batch's plan)."""
         started = time.perf_counter()
-        reference: list[torch.Tensor | None] = []  # per micro-batch, computed once: the reference is frozen
+        cache = PassCache()  # per micro-batch, from the first pass: the frozen reference, the proximal policy
         passes, applied_any, grad_norms = [], False, []
         for _ in range(self.updates_per_batch):
-            passes.append(self._accumulate(plan, temperature, reference))
+            passes.append(self._accumulate(plan, temperature, cache))
             applied, grad_norm = self._apply_update()
             applied_any |= applied
             grad_norms.append(grad_norm)
@@ -191,7 +223,7 @@ class GRPOTrainer:
             self.version += 1
         return {
             **plan.metrics(),
-            **passes[0],  # the loss as the batch found the policy
+            **passes[0],  # the loss and the mismatch as the batch found the policy
             "train/clip_fraction": sum(p["train/clip_fraction"] for p in passes) / len(passes),
             "train/grad_norm": grad_norms[0],
             "train/update_applied": float(applied_any),
@@ -199,13 +231,6 @@ class GRPOTrainer:
             "train/lr": self.scheduler.get_last_lr()[0],
             "train/step_s": time.perf_counter() - started,
         }
-
-    def accumulate_gradients(
-        self, groups: Sequence[RolloutGroup], rewards: Sequence[float], temperature: float
-    ) -> dict[str, float]:
-        """Fill `.grad` with the full batch's loss gradient, micro-batch by micro-batch (one pass, no update)."""
-        plan = self.plan(groups, rewards)
-        return {**plan.metrics(), **self._accumulate(plan, temperature, [])}
 
     def plan(self, groups: Sequence[RolloutGroup], rewards: Sequence[float]) -> BatchPlan:
         """Advantages, which completions get a loss, which of those need a forward pass, the normaliser."""
@@ -225,40 +250,38 @@ class GRPOTrainer:
         ordered = sorted(active, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
         return BatchPlan(ordered, normaliser, len(samples), len(samples) - len(counted), advantages)
 
-    def _accumulate(self, plan: BatchPlan, temperature: float, reference: list[torch.Tensor | None]) -> dict[str, float]:
-        """One pass over the plan's micro-batches. `reference` caches the reference log-probs per micro-batch."""
+    def _accumulate(self, plan: BatchPlan, temperature: float, cache: PassCache) -> dict[str, float]:
+        """One pass over the plan's micro-batches. `cache` keeps, per micro-batch, what the first pass saw."""
         module = self.policy.module
         assert module is not None and self.optimizer is not None, "trainer used before setup()"
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, clipped, tokens, ratio_max, kl_sum = 0.0, 0.0, 0.0, 0.0, 0.0
+        first_pass = not cache.proximal
+        loss_sum, stats, mismatch = 0.0, [], MismatchSums()
         for index, start in enumerate(range(0, len(plan.active), self.micro_batch_size)):
             batch = collate(plan.active[start : start + self.micro_batch_size], self.pad_id, self.device)
-            if index == len(reference):
-                reference.append(self._reference_logprobs(batch, temperature))
-            logits = module(**batch.model_inputs(self.logits_to_keep)).logits  # [B, T + 1 or P + T, V]
+            if first_pass:
+                cache.reference.append(self._reference_logprobs(batch, temperature))
+            with self.precision.autocast(self.device):
+                logits = module(**batch.model_inputs(self.logits_to_keep)).logits  # [B, T + 1 or P + T, V]
             new_logprobs = completion_logprobs(logits, batch, temperature)  # [B, T]
-            loss, stats = self.loss(
+            if first_pass:  # the policy as the batch found it: the proximal reference of every later pass
+                cache.proximal.append(new_logprobs.detach())
+                entropy = completion_entropy(logits, batch, temperature)  # [B, T]
+                clip = (self.loss.clip_low, self.loss.clip_high)
+                mismatch.add(mismatch_sums(new_logprobs, batch.sampling_logprobs, batch.completion_mask, clip, entropy))
+            loss, step_stats = self.loss(
                 new_logprobs, batch.sampling_logprobs, batch.advantages, batch.completion_mask,
-                plan.normaliser, ref_logprobs=reference[index],
+                plan.normaliser, ref_logprobs=cache.reference[index], proximal_logprobs=cache.proximal[index],
             )
             loss.backward()
             loss_sum += float(loss.detach())
-            clipped += stats.clipped_tokens
-            tokens += stats.tokens
-            kl_sum += stats.kl_sum
-            ratio_max = max(ratio_max, stats.ratio_max)
-        return {
-            "train/loss": loss_sum,
-            "train/clip_fraction": clipped / tokens if tokens else 0.0,
-            "train/ratio_max": ratio_max,
-            "train/tokens": tokens,
-            "train/kl": kl_sum / tokens if tokens else 0.0,
-        }
+            stats.append(step_stats)
+        return {"train/loss": loss_sum, **loss_metrics(stats), **(mismatch.metrics() if first_pass else {})}
 
     def _reference_logprobs(self, batch: MicroBatch, temperature: float) -> torch.Tensor | None:
         if not self.loss.needs_reference:
             return None
-        with torch.no_grad():
+        with torch.no_grad(), self.precision.autocast(self.device):
             logits = self.policy.reference_logits(batch.model_inputs(self.logits_to_keep))
             return completion_logprobs(logits, batch, temperature)  # [B, T]
 
@@ -302,3 +325,30 @@ class BatchPlan:
             "train/masked_truncated": float(self.masked),
             "train/advantage_abs_mean": float(self.advantages.abs().mean()),
         }
+
+
+@dataclass
+class PassCache:
+    """What the first optimizer pass over a batch saw, per micro-batch, for the passes after it."""
+
+    reference: list[torch.Tensor | None] = field(default_factory=list)  # [B, T] frozen reference (KL), or None
+    proximal: list[torch.Tensor] = field(default_factory=list)  # [B, T] the policy before this batch's updates
+
+
+def loss_metrics(stats: Sequence[LossStats]) -> dict[str, float]:
+    """One pass's loss statistics over its micro-batches: shares of tokens, by the sign of the advantage."""
+
+    def share(part: float, whole: float) -> float:
+        return part / whole if whole else 0.0
+
+    total = {name: sum(getattr(s, name) for s in stats) for name in LossStats.__dataclass_fields__}
+    return {
+        "train/clip_fraction": share(total["clipped_tokens"], total["tokens"]),
+        "train/clip_fraction/positive": share(total["clipped_positive"], total["positive_tokens"]),
+        "train/clip_fraction/negative": share(total["clipped_negative"], total["negative_tokens"]),
+        "train/ratio_max": max((s.ratio_max for s in stats), default=1.0),
+        "train/tokens": total["tokens"],
+        "train/kl": share(total["kl_sum"], total["tokens"]),
+        "train/is_weight_mean": share(total["is_weight_sum"], total["tokens"]) if total["tokens"] else 1.0,
+        "train/is_truncated_fraction": share(total["is_truncated"], total["tokens"]),
+    }

@@ -4,11 +4,20 @@
 is a handful of scalars, not the algorithm.
 
 How this departs from the GRPO paper (Shao et al., 2024):
-1. The importance ratio is taken against the *sampling* log-probabilities reported by the inference
-   engine, not against a recomputed "old policy" forward pass: this corrects for both off-policy
-   lag (async, sync every k steps) and engine/trainer numeric mismatch, and saves one forward pass.
-   With several optimizer passes over one batch (`trainer.updates_per_batch`, GRPO's mu) the ratio
-   stays against the sampler, so the clip bounds how far all passes together move each token.
+1. The ratio's reference is a choice (`ratio_reference`):
+   - `policy` (default, as TRL and verl): the trainer's own log-probs of the policy as it was when the
+     batch arrived (the proximal policy, as in decoupled PPO). With one optimizer pass per batch the ratio
+     is 1 with the gradient of log pi, and nothing is clipped by accident. The engine's log-probs differ
+     from the trainer's (other kernels, bf16, a policy that lags in async runs); that difference is
+     corrected by truncated importance sampling (Yao et al., 2025): each token's loss is weighted by
+     min(pi_policy / pi_sampler, is_cap), detached.
+   - `sampler`: the engine's sampling log-probs (saves nothing: the proximal log-probs come from the
+     first pass's forward). Every token on which engine and trainer disagree by more than the clip range
+     loses its gradient before any update: measured on an H100 this removed most of the learning signal
+     (docs/loss.md), so it is kept for comparison, not as a default.
+   With several optimizer passes over one batch (`trainer.updates_per_batch`, GRPO's mu) the ratio is
+   taken against the reference above on every pass, so the clip bounds how far all passes together move
+   each token.
 2. The KL penalty to a frozen reference model (k3 estimator, Schulman 2020) is optional and off by
    default (as in DAPO / Dr.GRPO).
 3. Aggregation: `sequence_mean` (GRPO: each completion's tokens averaged over its own length, then
@@ -22,11 +31,6 @@ How this departs from the GRPO paper (Shao et al., 2024):
    gradient accumulation give exactly the full-batch gradient.
 6. `mask_truncated` (DAPO's overlong filtering): completions that hit the budget without EOS still
    count in their group's advantages, but get no loss and are left out of every normaliser.
-7. With `is_cap` set, stale samples (async rollouts) are corrected by truncated importance sampling
-   instead: the clipped surrogate is taken against the trainer's own current weights (the proximal
-   policy, as in decoupled PPO: its ratio is 1 with the gradient of log pi), and each token is
-   weighted by min(pi_trainer / pi_sampler, is_cap), detached. Clipping against the sampler would
-   zero the gradient of every token the policy has since moved away from; truncation keeps it.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import torch
 from grpo_pipe.config.errors import ConfigError
 
 Aggregation = Literal["sequence_mean", "constant", "token_mean"]
+RatioReference = Literal["policy", "sampler"]
 
 
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, normalize_std: bool) -> torch.Tensor:
@@ -65,12 +70,19 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, normalize_s
 
 @dataclass(frozen=True)
 class LossStats:
-    """Detached statistics of one loss call (summed contributions; divide by batch where noted)."""
+    """Detached statistics of one loss call: sums over its tokens (the trainer adds them over micro-batches
+    and divides by the token counts) and maxima."""
 
-    clipped_tokens: float
-    tokens: float
-    kl_sum: float
-    ratio_max: float
+    tokens: float  # tokens that got a loss
+    clipped_tokens: float  # tokens whose surrogate the clip replaced (no gradient)
+    positive_tokens: float  # tokens of completions with advantage > 0
+    clipped_positive: float  # ... of which clipped (the ratio rose past 1 + clip_high)
+    negative_tokens: float  # tokens of completions with advantage < 0
+    clipped_negative: float  # ... of which clipped (the ratio fell below 1 - clip_low)
+    kl_sum: float  # k3 KL to the frozen reference (kl_coef > 0)
+    ratio_max: float  # the largest ratio the clip saw
+    is_weight_sum: float  # truncated importance weights (1 per token without a correction)
+    is_truncated: float  # tokens whose importance weight the cap cut
 
 
 class GRPOLoss:
@@ -85,17 +97,23 @@ class GRPOLoss:
         kl_coef: float = 0.0,
         max_tokens: int | None = None,
         mask_truncated: bool = False,
-        is_cap: float | None = None,
+        ratio_reference: RatioReference = "policy",
+        is_cap: float | None = 2.0,
     ) -> None:
-        problems = []
-        if clip_low < 0 or clip_high < 0:
-            problems.append(f"loss.clip_low={clip_low}, loss.clip_high={clip_high}: must be >= 0")
-        if kl_coef < 0:
-            problems.append(f"loss.kl_coef={kl_coef}: must be >= 0")
-        if aggregation == "constant" and (max_tokens is None or max_tokens < 1):
-            problems.append(f"loss.max_tokens={max_tokens}: aggregation=constant needs a budget >= 1 (e.g. run.max_new_tokens)")
-        if is_cap is not None and is_cap <= 0:
-            problems.append(f"loss.is_cap={is_cap}: must be > 0, or null for ratio clipping against the sampler")
+        checks = [
+            (clip_low >= 0 and clip_high >= 0, f"loss.clip_low={clip_low}, loss.clip_high={clip_high}: must be >= 0"),
+            (kl_coef >= 0, f"loss.kl_coef={kl_coef}: must be >= 0"),
+            (aggregation != "constant" or (max_tokens is not None and max_tokens >= 1),
+             f"loss.max_tokens={max_tokens}: aggregation=constant needs a budget >= 1 (e.g. run.max_new_tokens)"),
+            (ratio_reference in ("policy", "sampler"),
+             f"loss.ratio_reference={ratio_reference}: allowed: policy (the trainer's own log-probs, truncated IS "
+             "against the sampler), sampler (the engine's sampling log-probs)"),
+            (is_cap is None or is_cap > 0, f"loss.is_cap={is_cap}: must be > 0, or null for no importance correction"),
+            (ratio_reference == "policy" or is_cap is None,
+             f"loss.is_cap={is_cap} with loss.ratio_reference=sampler: the sampler is already the ratio's reference; "
+             "set loss.is_cap=null, or loss.ratio_reference=policy"),
+        ]
+        problems = [message for ok, message in checks if not ok]
         if problems:
             raise ConfigError(problems)
         self.aggregation = aggregation
@@ -105,6 +123,7 @@ class GRPOLoss:
         self.kl_coef = kl_coef
         self.max_tokens = max_tokens  # Dr.GRPO's constant per-completion normaliser (the generation budget)
         self.mask_truncated = mask_truncated
+        self.ratio_reference = ratio_reference
         self.is_cap = is_cap
 
     @property
@@ -128,20 +147,28 @@ class GRPOLoss:
     def __call__(
         self,
         new_logprobs: torch.Tensor,  # [B, T] log pi_theta(token) for completion tokens
-        old_logprobs: torch.Tensor,  # [B, T] log-prob under the policy that sampled the token
+        old_logprobs: torch.Tensor,  # [B, T] log-prob under the engine that sampled the token
         advantages: torch.Tensor,  # [B]
         mask: torch.Tensor,  # [B, T] 1 for completion tokens that get a loss, 0 for padding / masked
         normaliser: float,  # from `normaliser()` over the whole optimizer step
         ref_logprobs: torch.Tensor | None = None,  # [B, T] under the frozen reference, when kl_coef > 0
+        proximal_logprobs: torch.Tensor | None = None,  # [B, T] the trainer's, as the batch found the policy
     ) -> tuple[torch.Tensor, LossStats]:
-        """Loss for one micro-batch, scaled for summing over the micro-batches of one step."""
+        """Loss for one micro-batch, scaled for summing over the micro-batches of one step.
+
+        `proximal_logprobs` defaults to `new_logprobs.detach()` (right for the first optimizer pass)."""
         mask = mask.to(new_logprobs.dtype)
-        if self.is_cap is None:
-            ratio = torch.exp(new_logprobs - old_logprobs)  # [B, T] against the sampler
-            weight = torch.ones_like(ratio)  # [B, T]
+        if self.ratio_reference == "sampler":
+            reference = old_logprobs  # [B, T]
+            weight = torch.ones_like(new_logprobs)  # [B, T]
         else:
-            ratio = torch.exp(new_logprobs - new_logprobs.detach())  # [B, T] against the proximal policy: 1
-            weight = torch.exp(new_logprobs.detach() - old_logprobs).clamp(max=self.is_cap)  # [B, T] truncated IS
+            reference = new_logprobs.detach() if proximal_logprobs is None else proximal_logprobs  # [B, T]
+            weight = torch.exp(reference - old_logprobs)  # [B, T] pi_policy / pi_sampler, detached
+            if self.is_cap is not None:
+                weight = weight.clamp(max=self.is_cap)  # truncated IS
+            else:
+                weight = torch.ones_like(weight)
+        ratio = torch.exp(new_logprobs - reference)  # [B, T]
         adv = advantages.unsqueeze(1)  # [B, 1]
         unclipped = ratio * adv  # [B, T]
         clipped = ratio.clamp(1.0 - self.clip_low, 1.0 + self.clip_high) * adv  # [B, T]
@@ -158,12 +185,25 @@ class GRPOLoss:
             loss = (summed.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).sum() / normaliser
         else:  # constant and token_mean differ only in the normaliser
             loss = summed.sum() / normaliser
+        return loss, self._stats(unclipped, clipped, ratio, weight, kl, adv, mask)
+
+    def _stats(self, unclipped: torch.Tensor, clipped: torch.Tensor, ratio: torch.Tensor, weight: torch.Tensor,
+               kl: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> LossStats:
         with torch.no_grad():
-            was_clipped = ((unclipped - clipped).abs() > 0) & (mask > 0)
-            stats = LossStats(
-                clipped_tokens=float(was_clipped.sum()),
+            on = mask > 0  # [B, T]
+            # The min took the clipped term and it differs: this token's gradient is zero.
+            was_clipped = (clipped < unclipped) & on  # [B, T]
+            positive, negative = (adv > 0) & on, (adv < 0) & on  # [B, T]
+            truncated = (weight >= self.is_cap) & on if self.is_cap is not None else torch.zeros_like(on)
+            return LossStats(
                 tokens=float(mask.sum()),
+                clipped_tokens=float(was_clipped.sum()),
+                positive_tokens=float(positive.sum()),
+                clipped_positive=float((was_clipped & positive).sum()),
+                negative_tokens=float(negative.sum()),
+                clipped_negative=float((was_clipped & negative).sum()),
                 kl_sum=float((kl * mask).sum()),
-                ratio_max=float((torch.exp(new_logprobs.detach() - old_logprobs) * mask).max()) if mask.any() else 1.0,
+                ratio_max=float(ratio.detach()[on].max()) if on.any() else 1.0,
+                is_weight_sum=float((weight * mask).sum()),
+                is_truncated=float(truncated.sum()),
             )
-        return loss, stats

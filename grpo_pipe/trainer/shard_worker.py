@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 
 from grpo_pipe.trainer.batch import TrainSample
-from grpo_pipe.trainer.grpo import BatchPlan, GRPOTrainer
+from grpo_pipe.trainer.grpo import BatchPlan, GRPOTrainer, PassCache
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class ShardWorker:
 
     def accumulate(self, plan: BatchPlan, temperature: float) -> dict[str, float]:
         """Fill the (sharded) gradients with the whole batch's loss gradient (one pass, no update)."""
-        return self.trainer._accumulate(plan, temperature, [])
+        return self.trainer._accumulate(plan, temperature, PassCache())
 
     def full_state(self, what: str) -> dict[str, torch.Tensor]:
         """Unsharded `what` ('weights' or 'grads') under module names, on rank 0 only (CPU); {} elsewhere."""

@@ -220,19 +220,25 @@ def _known_settings(settings: dict[str, Any]) -> dict[str, Any]:
     return settings
 
 
+TOKEN_MEANS = ("train/clip_fraction", "train/kl", "train/entropy", "train/is_", "mismatch/logprob_abs_mean",
+               "mismatch/kl_k3", "mismatch/ratio_mean", "mismatch/outside_clip_fraction")
+
+
 def combine(results: list[dict[str, float]]) -> dict[str, float]:
     """The ranks' step metrics -> the whole batch's: sums and token-weighted means over ranks; the
     update's own figures (global grad norm, lr, counters) are the same on every rank."""
     tokens = sum(r["train/tokens"] for r in results)
+    # Token-weighted over ranks (the by-sign clip shares are weighted by all tokens: close enough for a chart).
     weighted = {key: sum(r[key] * r["train/tokens"] for r in results) / tokens if tokens else 0.0
-                for key in ("train/clip_fraction", "train/kl")}
+                for key in results[0] if key.startswith(TOKEN_MEANS)}
     first = results[0]
     return {
         "train/loss": sum(r["train/loss"] for r in results),
         "train/tokens": tokens,
         **weighted,
         # A rank that ran a padding micro-batch reports at least 1.0 (the loss's value for no tokens).
-        "train/ratio_max": max(r["train/ratio_max"] for r in results),
+        **{key: max(r[key] for r in results) for key in ("train/ratio_max", "mismatch/logprob_abs_max",
+                                                          "mismatch/ratio_max") if key in first},
         **{key: first[key] for key in ("train/grad_norm", "train/update_applied", "train/skipped_updates_total", "train/lr")},
     }
 

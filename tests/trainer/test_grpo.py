@@ -1,12 +1,14 @@
 """The optimisation step on a real tiny transformers model."""
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from grpo_pipe.models.tiny_random import TinyRandomModel
-from grpo_pipe.trainer.grpo import GRPOTrainer
+from grpo_pipe.trainer.batch import collate, completion_logprobs
+from grpo_pipe.trainer.grpo import GRPOTrainer, PassCache
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy
 from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, Task
@@ -42,7 +44,8 @@ def _trainer(micro_batch_size: int, path) -> GRPOTrainer:
 def _gradients(micro_batch_size: int, path) -> dict[str, torch.Tensor]:
     trainer = _trainer(micro_batch_size, path)
     groups, rewards = _groups()
-    metrics = trainer.accumulate_gradients(groups, rewards, temperature=1.0)
+    plan = trainer.plan(groups, rewards)
+    metrics = {**plan.metrics(), **trainer._accumulate(plan, 1.0, PassCache())}
     assert metrics["train/active_samples"] == 8.0  # the 4 zero-advantage samples never ran
     assert metrics["train/samples"] == 12.0
     return {n: p.grad.clone() for n, p in trainer.policy.module.named_parameters() if p.grad is not None}
@@ -92,13 +95,14 @@ def test_updates_per_batch_is_mu_updates_against_the_sampler_and_one_version() -
     path = TinyRandomModel().materialize()
     groups, rewards = _groups()
     torch.manual_seed(0)
-    twice = GRPOTrainer(FullFinetunePolicy(), steps=2, lr=1e-3, updates_per_batch=2)
+    sampler = GRPOLoss(ratio_reference="sampler", is_cap=None)
+    twice = GRPOTrainer(FullFinetunePolicy(), loss=sampler, steps=2, lr=1e-3, updates_per_batch=2)
     twice.setup(path, torch.device("cpu"), pad_id=0)
     metrics = twice.step(groups, rewards, temperature=1.0)
     assert twice.version == 1 and metrics["train/update_applied"] == 1.0
     assert twice.optimizer.state_dict()["state"][0]["step"] == 2  # two optimizer updates
     torch.manual_seed(0)
-    once = GRPOTrainer(FullFinetunePolicy(), steps=4, lr=1e-3)
+    once = GRPOTrainer(FullFinetunePolicy(), loss=sampler, steps=4, lr=1e-3)
     once.setup(path, torch.device("cpu"), pad_id=0)
     once.step(groups, rewards, temperature=1.0)
     once.step(groups, rewards, temperature=1.0)
@@ -106,6 +110,44 @@ def test_updates_per_batch_is_mu_updates_against_the_sampler_and_one_version() -
     mu, reference = _weights(twice), _weights(once)
     for name in mu:
         torch.testing.assert_close(mu[name], reference[name], rtol=0, atol=0)
+
+
+def test_later_passes_take_the_ratio_against_the_policy_the_batch_found() -> None:
+    """ratio_reference=policy: the first pass's ratio is 1 (nothing clipped); the second pass's is against the
+    first pass's log-probs, so after a large update the clip binds there (it would not against a fresh detach)."""
+    path = TinyRandomModel().materialize()
+    groups, rewards = _groups()
+    torch.manual_seed(0)
+    one = GRPOTrainer(FullFinetunePolicy(), loss=GRPOLoss(), steps=2, lr=5e-2, updates_per_batch=1)
+    one.setup(path, torch.device("cpu"), pad_id=0)
+    assert one.step(groups, rewards, temperature=1.0)["train/clip_fraction"] == 0.0
+    torch.manual_seed(0)
+    two = GRPOTrainer(FullFinetunePolicy(), loss=GRPOLoss(), steps=2, lr=5e-2, updates_per_batch=2)
+    two.setup(path, torch.device("cpu"), pad_id=0)
+    metrics = two.step(groups, rewards, temperature=1.0)
+    assert metrics["train/clip_fraction"] > 0.0  # the mean over passes: only the second pass clipped
+
+
+def test_mismatch_is_zero_when_the_sampler_reported_the_trainers_own_log_probs() -> None:
+    path = TinyRandomModel().materialize()
+    groups, rewards = _groups()
+    trainer = _trainer(4, path)
+    plan = trainer.plan(groups, rewards)
+    first = trainer._accumulate(plan, 1.0, PassCache())
+    assert first["mismatch/logprob_abs_mean"] > 0.5  # the made-up sampler log-probs (-3.0) are far off
+    # Give each sample the trainer's own log-probs, as an engine on the same weights and numerics would.
+    exact = []
+    for sample in plan.active:
+        batch = collate([sample], 0, torch.device("cpu"))
+        with torch.no_grad():
+            logits = trainer.policy.module(**batch.model_inputs(trainer.logits_to_keep)).logits
+        own = completion_logprobs(logits, batch, 1.0)[0, : len(sample.completion_ids)].tolist()
+        exact.append(dataclasses.replace(sample, sampling_logprobs=tuple(own)))
+    same = trainer._accumulate(dataclasses.replace(plan, active=exact), 1.0, PassCache())
+    assert same["mismatch/logprob_abs_mean"] < 1e-5 and same["mismatch/kl_k3"] < 1e-9
+    assert same["mismatch/ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert same["mismatch/outside_clip_fraction"] == 0.0
+    assert same["train/entropy"] > 0.0
 
 
 def _truncated_groups() -> tuple[list[RolloutGroup], list[float]]:

@@ -27,17 +27,24 @@ def ref_advantages(rewards: list[float], groups: list[int], normalize_std: bool)
 
 
 def ref_loss(new, old, adv, lengths, *, aggregation, clip_low, clip_high, kl_coef=0.0, ref=None, budget=None,
-             truncated=None, mask_truncated=False) -> float:
-    """new/old/ref: [B][T] lists; lengths: [B]. The loss of the whole batch."""
+             truncated=None, mask_truncated=False, proximal=None, is_cap=None) -> float:
+    """new/old/ref/proximal: [B][T] lists; lengths: [B]. The loss of the whole batch.
+
+    `proximal` given: the ratio is taken against it and each token weighted by min(exp(proximal - old), is_cap)
+    (ratio_reference=policy); else against `old`, the sampler's log-probs (ratio_reference=sampler)."""
     per_sequence, counted = [], []
     for i, length in enumerate(lengths):
         if mask_truncated and truncated[i]:
             continue
         tokens = []
         for t in range(length):
-            ratio = math.exp(new[i][t] - old[i][t])
+            base = old[i][t] if proximal is None else proximal[i][t]
+            weight = 1.0
+            if proximal is not None and is_cap is not None:
+                weight = min(math.exp(proximal[i][t] - old[i][t]), is_cap)
+            ratio = math.exp(new[i][t] - base)
             clipped = min(max(ratio, 1 - clip_low), 1 + clip_high)
-            value = -min(ratio * adv[i], clipped * adv[i])
+            value = -weight * min(ratio * adv[i], clipped * adv[i])
             if kl_coef:
                 d = ref[i][t] - new[i][t]
                 value += kl_coef * (math.exp(d) - d - 1)
@@ -107,20 +114,34 @@ VARIANTS = {  # the presets of conf/loss/*.yaml
 }
 
 
+RATIO_REFERENCES = {  # ratio_reference, is_cap
+    "sampler": ("sampler", None),
+    "policy, truncated IS": ("policy", 1.3),  # a low cap, so that some tokens of the random batch hit it
+    "policy, no IS": ("policy", None),
+}
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 @pytest.mark.parametrize("kl_coef", [0.0, 0.05])
-def test_every_variant_matches_the_reference(variant: str, kl_coef: float) -> None:
+@pytest.mark.parametrize("reference", sorted(RATIO_REFERENCES))
+def test_every_variant_matches_the_reference(variant: str, kl_coef: float, reference: str) -> None:
     settings = VARIANTS[variant]
-    loss_fn = GRPOLoss(clip_low=0.2, clip_high=0.28, kl_coef=kl_coef, **settings)
+    ratio_reference, is_cap = RATIO_REFERENCES[reference]
+    loss_fn = GRPOLoss(clip_low=0.2, clip_high=0.28, kl_coef=kl_coef, ratio_reference=ratio_reference, is_cap=is_cap,
+                       **settings)
     for seed in range(3):
         new, old, ref, adv, mask, lengths, truncated = _batch(seed)
+        # A later optimizer pass: the proximal policy (the batch's first pass) differs from the current one.
+        proximal = new + torch.randn(new.shape, generator=torch.Generator().manual_seed(seed), dtype=new.dtype) * 0.2
         if loss_fn.mask_truncated:
             mask = mask * torch.tensor([[0.0] if t else [1.0] for t in truncated], dtype=mask.dtype)
         counted = [n for n, t in zip(lengths, truncated) if not (loss_fn.mask_truncated and t)]
-        got, _ = loss_fn(new, old, adv, mask, loss_fn.normaliser(counted), ref_logprobs=ref if kl_coef else None)
+        got, _ = loss_fn(new, old, adv, mask, loss_fn.normaliser(counted), ref_logprobs=ref if kl_coef else None,
+                         proximal_logprobs=proximal)
         want = ref_loss(new.tolist(), old.tolist(), adv.tolist(), lengths, aggregation=settings["aggregation"],
                         clip_low=0.2, clip_high=0.28, kl_coef=kl_coef, ref=ref.tolist(), budget=settings.get("max_tokens"),
-                        truncated=truncated, mask_truncated=loss_fn.mask_truncated)
+                        truncated=truncated, mask_truncated=loss_fn.mask_truncated,
+                        proximal=None if ratio_reference == "sampler" else proximal.tolist(), is_cap=is_cap)
         assert float(got) == pytest.approx(want, rel=1e-12, abs=1e-12)
 
 
@@ -165,7 +186,7 @@ def test_token_mean_weighs_every_token_alike_and_sequence_mean_every_completion(
 def test_clipped_surrogate_by_hand() -> None:
     new = torch.log(torch.tensor([[0.5, 0.25]]))
     old = torch.log(torch.tensor([[0.5, 0.5]]))  # ratios [1.0, 0.5]
-    loss_fn = GRPOLoss(clip_low=0.2, clip_high=0.2)
+    loss_fn = GRPOLoss(clip_low=0.2, clip_high=0.2, ratio_reference="sampler", is_cap=None)
     # adv=+1: token1 -> -1; token2: min(0.5, clip(0.5)=0.8) = 0.5 -> -0.5; mean = -0.75
     assert float(loss_fn(new, old, torch.tensor([1.0]), torch.ones(1, 2), 1.0)[0]) == pytest.approx(-0.75)
     # adv=-1: token2: min(-0.5, -0.8) = -0.8 -> +0.8 (pessimistic: the clip binds); mean = 0.9
@@ -187,7 +208,9 @@ def _stale_token(is_cap: float | None) -> tuple[float, float]:
     """One token the trainer now gives p=0.5 that the (stale) sampler drew with p=0.25; advantage 1."""
     new = torch.log(torch.tensor([[0.5]])).requires_grad_(True)
     old = torch.log(torch.tensor([[0.25]]))
-    loss, _ = GRPOLoss(clip_low=0.2, clip_high=0.28, is_cap=is_cap)(new, old, torch.tensor([1.0]), torch.ones(1, 1), 1.0)
+    reference = "sampler" if is_cap is None else "policy"
+    loss_fn = GRPOLoss(clip_low=0.2, clip_high=0.28, ratio_reference=reference, is_cap=is_cap)
+    loss, _ = loss_fn(new, old, torch.tensor([1.0]), torch.ones(1, 1), 1.0)
     loss.backward()
     return float(loss), float(new.grad)
 
@@ -206,7 +229,33 @@ def test_truncated_importance_sampling_keeps_the_gradient_with_a_capped_weight()
     assert (loss, grad) == (pytest.approx(-2.0), pytest.approx(-2.0))  # under the cap: the full weight 2
 
 
+def test_the_first_pass_against_the_policy_has_ratio_one_and_clips_nothing() -> None:
+    """With ratio_reference=policy, a sampler that disagrees with the trainer (numerics, a lagging engine) takes no
+    gradient away on the first pass: the clip sees ratio 1, and the IS weight alone carries the difference."""
+    new = torch.log(torch.tensor([[0.5, 0.1, 0.9]])).requires_grad_(True)
+    sampler = torch.log(torch.tensor([[0.25, 0.3, 0.9]]))  # trainer/sampler ratios 2, 1/3, 1
+    loss_fn = GRPOLoss(clip_low=0.2, clip_high=0.28, is_cap=1.5)
+    loss, stats = loss_fn(new, sampler, torch.tensor([1.0]), torch.ones(1, 3), 1.0)
+    loss.backward()
+    assert stats.clipped_tokens == 0 and stats.ratio_max == 1.0
+    assert stats.is_truncated == 1  # the ratio 2 was cut to 1.5
+    assert new.grad.tolist()[0] == pytest.approx([-1.5 / 3, -1 / 9, -1 / 3])  # weights 1.5, 1/3, 1 over 3 tokens
+    assert stats.is_weight_sum == pytest.approx(1.5 + 1 / 3 + 1)
+
+
+def test_clip_fraction_is_counted_by_the_sign_of_the_advantage() -> None:
+    new = torch.log(torch.tensor([[0.5, 0.5], [0.5, 0.5]]))
+    sampler = torch.log(torch.tensor([[0.25, 0.5], [0.25, 0.5]]))  # ratio 2 on each first token
+    loss_fn = GRPOLoss(ratio_reference="sampler", is_cap=None)
+    _, stats = loss_fn(new, sampler, torch.tensor([1.0, -1.0]), torch.ones(2, 2), 1.0)
+    # adv > 0: ratio 2 > 1.28 is clipped; adv < 0: the unclipped term is the pessimistic one, nothing clipped
+    assert (stats.positive_tokens, stats.clipped_positive) == (2, 1)
+    assert (stats.negative_tokens, stats.clipped_negative) == (2, 0)
+
+
 def test_bad_settings_are_all_named() -> None:
     with pytest.raises(ValueError) as err:
-        GRPOLoss(aggregation="constant", max_tokens=None, kl_coef=-1.0)
-    assert "loss.kl_coef=-1.0" in str(err.value) and "loss.max_tokens=None" in str(err.value)
+        GRPOLoss(aggregation="constant", max_tokens=None, kl_coef=-1.0, ratio_reference="sampler", is_cap=2.0)
+    message = str(err.value)
+    assert "loss.kl_coef=-1.0" in message and "loss.max_tokens=None" in message
+    assert "loss.is_cap=2.0 with loss.ratio_reference=sampler" in message

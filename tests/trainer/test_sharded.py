@@ -14,7 +14,7 @@ import torch
 
 from grpo_pipe.config.validate import ConfigError
 from grpo_pipe.models.tiny_random import TinyRandomModel
-from grpo_pipe.trainer.grpo import GRPOTrainer
+from grpo_pipe.trainer.grpo import GRPOTrainer, PassCache
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy
 from grpo_pipe.trainer.shard_worker import deal
@@ -107,7 +107,7 @@ def test_two_ranks_match_one_device_and_resume_at_world_size_one(ray_local: None
     sharded = _sharded(model_path, 2, loss=DR_GRPO_KL, **KL_SETTINGS)
     try:
         # Gradients: the same full-batch gradient, gathered from the shards.
-        want = single.accumulate_gradients(groups, rewards, temperature=1.0)
+        want = single._accumulate(single.plan(groups, rewards), 1.0, PassCache())
         _, shares = sharded.plan(groups, rewards)
         sums = ray.get([w.accumulate.remote(share, 1.0) for w, share in zip(sharded.workers, shares)])
         assert sum(s["train/loss"] for s in sums) == pytest.approx(want["train/loss"], rel=1e-5)

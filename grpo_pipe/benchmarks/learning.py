@@ -1,0 +1,282 @@
+"""Benchmark: held-out accuracy against training wall-clock time (and against step), optionally beside TRL.
+
+    python -m grpo_pipe.benchmarks.learning --minutes 5 --mark-every 1 [--peer trl] experiment=arithmetic_30min ...
+
+Our job runs its own recipe step by step under a training-time budget; at each mark (and at the end) the
+policy's weights are written to a snapshot folder, with the clock stopped while it writes. With `--peer trl`,
+TRL's `GRPOTrainer` then trains the same model on the same rendered prompts with the same checker and
+hyper-parameters under the same budget (`grpo_pipe.benchmarks.trl_peer`; `pip install trl==1.16.0`).
+Every snapshot of both is graded afterwards by one grader: greedy decoding with transformers in fp32,
+`run.eval_max_new_tokens` tokens, the job's own reward deciding what counts as correct, on the first
+`--grade-size` held-out tasks. So the two curves differ only in how each tool trained.
+
+"Training time" starts at the first step (engine start-up, model loading and compilation excluded, as a user
+sees start-up once per job) and includes generation, scoring, the update and the weight sync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
+
+from grpo_pipe.bridges.files import copy_tokenizer_files
+from grpo_pipe.components import Components, build
+from grpo_pipe.interfaces import Reward
+from grpo_pipe.prompts import chat_messages
+from grpo_pipe.recipe import GRPORecipe
+from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, Task
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    train_s: float  # training wall-clock when it was written
+    step: int
+    path: Path
+
+
+@dataclass
+class Curve:
+    """One tool's run: snapshots, then their grades; the training reward and seconds of each step."""
+
+    tool: str
+    snapshots: list[Snapshot]
+    step_rewards: list[float]
+    train_s: float
+    startup_s: float
+    step_metrics: list[dict[str, float]] = field(default_factory=list)
+    accuracy: list[float] = field(default_factory=list)  # per snapshot, filled by `grade_curve`
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_rewards)
+
+
+class Marks:
+    """When to snapshot: every `every_s` of training time, and at the end."""
+
+    def __init__(self, budget_s: float, every_s: float) -> None:
+        self.budget_s, self.every_s, self.next_s = budget_s, every_s, every_s
+
+    def due(self, train_s: float) -> bool:
+        if train_s >= self.next_s:
+            self.next_s = (train_s // self.every_s + 1) * self.every_s
+            return True
+        return False
+
+    def over(self, train_s: float) -> bool:
+        return train_s >= self.budget_s
+
+
+def train_ours(parts: Components, cfg: DictConfig, budget_s: float, every_s: float, out: Path) -> Curve:
+    """Our recipe under the budget, a snapshot of the policy at each mark (clock stopped while writing)."""
+    started = time.perf_counter()
+    recipe = GRPORecipe(parts, OmegaConf.to_yaml(cfg), out)
+    try:
+        recipe.setup()
+        write = snapshot_writer(parts, recipe.model_path, out / "ours")
+        snapshots, step_metrics = [write(0.0, 0)], []
+        startup_s, marks, train_s = time.perf_counter() - started, Marks(budget_s, every_s), 0.0
+        for step in range(1, parts.trainer.steps + 1):
+            began = time.perf_counter()
+            step_metrics.append(recipe.train_step(step))
+            train_s += time.perf_counter() - began
+            if marks.over(train_s) or marks.due(train_s):
+                snapshots.append(write(train_s, step))
+            if marks.over(train_s):
+                break
+            log.info("ours: step %d at %.0f s, reward %.3f", step, train_s, step_metrics[-1]["train/reward/mean"])
+    finally:
+        recipe.cleanup()
+    rewards = [m["train/reward/mean"] for m in step_metrics]
+    return Curve("grpo_pipe", snapshots, rewards, train_s, startup_s, step_metrics)
+
+
+def snapshot_writer(parts: Components, model_path: Path, folder: Path) -> Callable[[float, int], Snapshot]:
+    def write(train_s: float, step: int) -> Snapshot:
+        path = folder / f"snapshot-{len(list(folder.glob('snapshot-*'))) if folder.exists() else 0}"
+        parts.trainer.policy.save_pretrained(path)
+        copy_tokenizer_files(model_path, path)
+        return Snapshot(train_s, step, path)
+
+    return write
+
+
+def grade(model_path: Path, tasks: Sequence[Task], prompts: Sequence[Sequence[int]], reward: Reward,
+          max_new_tokens: int, batch_size: int = 64) -> float:
+    """Held-out accuracy of one snapshot: greedy transformers decoding in fp32, judged by `reward`'s `correct`."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    model = model.to(device).eval()
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    texts: list[str] = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        width = max(len(p) for p in chunk)
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in chunk], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk], device=device)
+        with torch.no_grad():
+            out = model.generate(input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=max_new_tokens,
+                                 pad_token_id=pad, top_p=None, top_k=None, temperature=None)
+        texts += tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
+    del model
+    return accuracy_of(tasks, prompts, texts, reward)
+
+
+def accuracy_of(tasks: Sequence[Task], prompts: Sequence[Sequence[int]], texts: Sequence[str], reward: Reward) -> float:
+    telemetry = RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0)
+    groups = [RolloutGroup(task, tuple(prompt), (Completion((), (), text, "stop", 0, telemetry),))
+              for task, prompt, text in zip(tasks, prompts, texts)]
+    correct = reward(groups).correct
+    if correct is None:
+        raise ValueError("the learning benchmark grades by the reward's `correct` flags; this reward gives none")
+    return sum(correct) / max(len(correct), 1)
+
+
+def grade_curve(curve: Curve, tasks: Sequence[Task], prompts: Sequence[Sequence[int]], reward: Reward,
+                max_new_tokens: int) -> None:
+    for snapshot in curve.snapshots:
+        curve.accuracy.append(grade(snapshot.path, tasks, prompts, reward, max_new_tokens))
+        print(f"{curve.tool:>9}  {snapshot.train_s / 60:5.2f} min  step {snapshot.step:4d}  "
+              f"held-out accuracy {curve.accuracy[-1]:.3f}", flush=True)
+
+
+def minutes_to_reach(curve: Curve, target: float) -> float | None:
+    """Training minutes of the first snapshot at or above `target` (None: never)."""
+    return next((s.train_s / 60 for s, a in zip(curve.snapshots, curve.accuracy) if a >= target), None)
+
+
+def held_out(parts: Components, model_path: Path, size: int) -> tuple[list[Task], list[tuple[int, ...]], list[str]]:
+    """The first `size` held-out tasks, their prompt ids and texts, rendered with the model's chat template."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tasks = list(parts.data.eval_tasks())[:size]
+    texts = [render_text(tokenizer, parts.data.system_prompt, t) for t in tasks]
+    return tasks, [tuple(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts], texts
+
+
+def render_text(tokenizer: Any, system_prompt: str, task: Task) -> str:
+    return tokenizer.apply_chat_template(chat_messages(system_prompt, task), add_generation_prompt=True, tokenize=False)
+
+
+def train_peer(parts: Components, cfg: DictConfig, model_path: Path, budget_s: float, every_s: float,
+               out: Path) -> Curve:
+    """TRL's GRPOTrainer on the same rendered prompts, checker and hyper-parameters (see `peer_settings`)."""
+    from transformers import AutoTokenizer
+
+    from grpo_pipe.benchmarks.trl_peer import train_trl
+
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    tasks = list(parts.data.train_tasks())
+    prompts = [render_text(tokenizer, parts.data.system_prompt, t) for t in tasks]
+    run = train_trl(model_path, prompts, [t.answer for t in tasks], peer_settings(cfg), budget_s=budget_s,
+                    mark_every_s=every_s, out_dir=out / "trl")
+    snapshots = [Snapshot(s.train_s, s.step, s.path) for s in run.snapshots]
+    return Curve("trl", snapshots, list(run.step_rewards), run.train_s, run.startup_s)
+
+
+def peer_settings(cfg: DictConfig) -> Any:
+    """Our job's hyper-parameters in TRL's terms."""
+    from grpo_pipe.benchmarks.trl_peer import PeerSettings
+
+    micro = cfg.trainer.micro_batch_size or (16 if torch.cuda.is_available() else 8)
+    return PeerSettings(
+        lr=float(cfg.trainer.lr), warmup_steps=int(cfg.trainer.lr_schedule.warmup_steps),
+        prompts_per_step=int(cfg.curriculum.prompts_per_step), samples_per_prompt=int(cfg.curriculum.samples_per_prompt),
+        max_new_tokens=int(cfg.run.max_new_tokens), temperature=float(cfg.run.temperature), top_p=float(cfg.run.top_p),
+        clip_low=float(cfg.loss.clip_low), clip_high=float(cfg.loss.clip_high), grad_clip=float(cfg.trainer.grad_clip),
+        micro_batch_size=int(micro), beta=float(cfg.loss.kl_coef), seed=int(cfg.run.seed),
+        vllm_gpu_memory_utilization=float(cfg.rollout.gpu_memory_utilization),
+    )
+
+
+def report(curves: Sequence[Curve], budget_s: float) -> dict[str, Any]:
+    """Print accuracy against minutes and against steps, the early training reward, and where each curve
+    reaches the other's final accuracy; return it all as one dict."""
+    summary: dict[str, Any] = {}
+    for curve in curves:
+        early = curve.step_rewards[:20]
+        row = {
+            "steps": curve.steps, "train_s": curve.train_s, "startup_s": curve.startup_s,
+            "s_per_step": curve.train_s / max(curve.steps, 1),
+            "final_accuracy": curve.accuracy[-1] if curve.accuracy else None,
+            "reward_steps_1_10": _mean(curve.step_rewards[:10]), "reward_steps_11_20": _mean(early[10:20]),
+            "reward_by_10_steps": [_mean(curve.step_rewards[i : i + 10]) for i in range(0, curve.steps, 10)],
+            "curve": [{"minutes": s.train_s / 60, "step": s.step, "accuracy": a}
+                      for s, a in zip(curve.snapshots, curve.accuracy)],
+        }
+        summary[curve.tool] = row
+        print(f"\n{curve.tool}: {row['steps']} steps in {curve.train_s / 60:.2f} min of training "
+              f"({row['s_per_step']:.2f} s/step; start-up {curve.startup_s:.0f} s); "
+              f"held-out accuracy at the end {row['final_accuracy']:.3f}")
+        print("  reward per 10 steps: " + ", ".join(f"{r:.2f}" for r in row["reward_by_10_steps"][:30]))
+    if len(curves) == 2:
+        ours, peer = curves
+        for a, b in ((ours, peer), (peer, ours)):
+            reached = minutes_to_reach(a, b.accuracy[-1]) if b.accuracy else None
+            summary[f"{a.tool}_minutes_to_{b.tool}_final"] = reached
+            print(f"{a.tool} reaches {b.tool}'s final accuracy ({b.accuracy[-1]:.3f}) after "
+                  + (f"{reached:.2f} min" if reached is not None else f"more than {budget_s / 60:.1f} min"))
+    return summary
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, default=5.0, help="training wall-clock budget of each tool")
+    parser.add_argument("--mark-every", type=float, default=1.0, help="minutes of training between snapshots")
+    parser.add_argument("--grade-size", type=int, default=None, help="held-out tasks graded (default run.eval_size)")
+    parser.add_argument("--peer", choices=["trl"], default=None, help="also train TRL's GRPOTrainer the same way")
+    parser.add_argument("--only-peer", action="store_true", help="train the peer alone (e.g. in a second process)")
+    parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
+    parser.add_argument("--keep", type=Path, default=None, help="write snapshots here instead of a temporary folder")
+    parser.add_argument("overrides", nargs="*", help="config overrides, as on the grpo_pipe command line")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    for noisy in ("vllm", "transformers", "httpx", "filelock"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=[*args.overrides, "logger=none", "checkpoint.every=0"])
+    budget_s, every_s = 60.0 * args.minutes, 60.0 * args.mark_every
+    with tempfile.TemporaryDirectory(prefix="grpo_pipe-learning-") as scratch:
+        out = args.keep or Path(scratch)
+        parts = build(cfg)
+        model_path = parts.model.materialize()
+        curves = [] if args.only_peer else [train_ours(parts, cfg, budget_s, every_s, out)]
+        if args.peer or args.only_peer:
+            curves.append(train_peer(build(cfg), cfg, model_path, budget_s, every_s, out))
+        tasks, prompts, _ = held_out(parts, model_path, args.grade_size or int(cfg.run.eval_size))
+        print(f"\nGrading every snapshot on {len(tasks)} held-out tasks (greedy, fp32 transformers, "
+              f"{cfg.run.eval_max_new_tokens} new tokens)", flush=True)
+        for curve in curves:
+            grade_curve(curve, tasks, prompts, parts.reward, int(cfg.run.eval_max_new_tokens))
+        summary = report(curves, budget_s)
+    if args.json:
+        payload = {"overrides": args.overrides, "minutes": args.minutes, "summary": summary,
+                   "step_metrics": {c.tool: c.step_metrics for c in curves},
+                   "snapshots": {c.tool: [asdict(s) | {"path": str(s.path)} for s in c.snapshots] for c in curves}}
+        args.json.write_text(json.dumps(payload, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
