@@ -9,8 +9,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from grpo_pipe.pipeline import JobContext, run
-from tests.conftest import REPO
 from grpo_pipe.types import SyncStats
+from tests.conftest import REPO
 
 # Rewards that differ within each group, so every step really moves the weights; every completion runs
 # through the trainer.

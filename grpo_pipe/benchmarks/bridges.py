@@ -76,7 +76,9 @@ def _engine(path: Path, bridge: str, options: dict[str, Any]) -> VllmEngine:
 
 def _policy(kind: str, path: Path) -> Any:
     policy = LoraPolicy(rank=16, alpha=32) if kind == "lora" else FullFinetunePolicy()
-    policy.load(path, DEVICE, resolve_dtype("auto", DEVICE))
+    # The trainer in the engine's dtype (bf16 on a GPU), as the figures in BENCHMARKS.md were measured and as
+    # weight_bridge=ipc needs; fp32 master weights add one cast per tensor to every bridge but ipc's gather.
+    policy.load(path, DEVICE, resolve_dtype("bfloat16" if DEVICE.type == "cuda" else "float32", DEVICE))
     return policy
 
 

