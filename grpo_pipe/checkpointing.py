@@ -23,6 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpo_pipe.config.errors import ConfigError
+
 STEP_PREFIX = "step-"
 
 
@@ -56,7 +58,7 @@ class CheckpointManager:
         directory: str | None = None,
     ) -> None:
         if every < 0 or keep_last < 1:
-            raise ValueError(f"checkpoint.every={every} must be >= 0 and checkpoint.keep_last={keep_last} >= 1")
+            raise ConfigError([f"checkpoint.every={every} must be >= 0 and checkpoint.keep_last={keep_last} >= 1"])
         self.every = every  # steps between checkpoints; 0 = only at the end (and on a clean stop)
         self.keep_last = keep_last
         self.best_metric = best_metric  # higher is better; None = keep no best

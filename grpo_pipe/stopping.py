@@ -62,12 +62,6 @@ class StopRequest:
         finally:
             self._interruptible -= 1
 
-    def cancel_deadline(self) -> None:
-        """For callers that stop in-process and carry on (tests): the process is not ended later."""
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.reason is not None:  # asked twice: stop now

@@ -18,6 +18,7 @@ import torch
 
 from grpo_pipe.bridges.collective import broadcast, host_store, open_group, pack, plan_buckets
 from grpo_pipe.bridges.contract import check_sync_every
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import Policy, WorkerRpcEngine
 from grpo_pipe.types import SyncStats
 
@@ -58,7 +59,7 @@ class BroadcastBridge:
         timeout_s: float = 120.0,
     ) -> None:
         if bucket_mb < 1:
-            raise ValueError(f"weight_bridge.bucket_mb={bucket_mb}: must be >= 1")
+            raise ConfigError([f"weight_bridge.bucket_mb={bucket_mb}: must be >= 1"])
         self.sync_every = check_sync_every(sync_every)
         self.backend = backend
         self.bucket_bytes = bucket_mb * 2**20

@@ -13,6 +13,7 @@ from typing import Any
 
 from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.files import copy_tokenizer_files, folder_bytes, replace_atomically
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import Policy, RolloutEngine
 from grpo_pipe.types import SyncStats
 
@@ -20,7 +21,7 @@ from grpo_pipe.types import SyncStats
 class CheckpointRestartBridge:
     def __init__(self, sync_every: int = 1, keep_last: int = 1, directory: str | None = None) -> None:
         if keep_last < 1:
-            raise ValueError(f"weight_bridge.keep_last={keep_last}: must be >= 1")
+            raise ConfigError([f"weight_bridge.keep_last={keep_last}: must be >= 1"])
         self.sync_every = check_sync_every(sync_every)
         self.keep_last = keep_last
         self.directory = directory

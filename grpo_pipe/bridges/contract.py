@@ -11,6 +11,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import Policy, RolloutEngine, WeightBridge
 from grpo_pipe.types import SyncStats
 
@@ -20,7 +21,7 @@ CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "weight_bridge"
 def check_sync_every(sync_every: int) -> int:
     """The bridge setting, checked when the bridge is built (so before anything loads)."""
     if sync_every < 1:
-        raise ValueError(f"weight_bridge.sync_every={sync_every}: must be >= 1")
+        raise ConfigError([f"weight_bridge.sync_every={sync_every}: must be >= 1"])
     return sync_every
 
 

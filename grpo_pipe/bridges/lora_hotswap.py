@@ -30,6 +30,7 @@ from grpo_pipe.bridges.collective import plan_buckets
 from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.files import folder_bytes, replace_atomically
 from grpo_pipe.bridges.shared_memory import SharedBuckets
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import AdapterEngine, AdapterPolicy
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.types import SyncStats
@@ -107,9 +108,9 @@ class FolderTransport:
 class LoraHotSwapBridge:
     def __init__(self, sync_every: int = 1, max_lora_rank: int = 16, max_loras: int = 2, transport: str = "auto") -> None:
         if max_loras < 2:
-            raise ValueError(f"weight_bridge.max_loras={max_loras}: must be >= 2 (the old and the new adapter)")
+            raise ConfigError([f"weight_bridge.max_loras={max_loras}: must be >= 2 (the old and the new adapter)"])
         if transport not in TRANSPORTS:
-            raise ValueError(f"weight_bridge.transport={transport!r}: must be one of {', '.join(TRANSPORTS)}")
+            raise ConfigError([f"weight_bridge.transport={transport!r}: must be one of {', '.join(TRANSPORTS)}"])
         self.sync_every = check_sync_every(sync_every)
         self.max_lora_rank = max_lora_rank
         self.max_loras = max_loras

@@ -21,6 +21,7 @@ import torch
 from grpo_pipe.bridges.collective import plan_buckets
 from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.shared_memory import SharedBuckets
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import Policy
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.types import SyncStats
@@ -31,7 +32,7 @@ log = logging.getLogger(__name__)
 class ReloadBridge:
     def __init__(self, sync_every: int = 1, bucket_mb: int = 1024) -> None:
         if bucket_mb < 1:
-            raise ValueError(f"weight_bridge.bucket_mb={bucket_mb}: must be >= 1")
+            raise ConfigError([f"weight_bridge.bucket_mb={bucket_mb}: must be >= 1"])
         self.sync_every = check_sync_every(sync_every)
         self.bucket_bytes = bucket_mb * 2**20
         self.engine: VllmEngine | None = None

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.curriculum.buckets import Bandwidth, Bucket, BucketFit, bucket_index, fit_buckets, rollouts_for
 from grpo_pipe.curriculum.passes import ShuffledPasses
 from grpo_pipe.curriculum.report import render_text, write_report
@@ -52,7 +53,7 @@ class KdeBucketCurriculum:
         if refit_every is not None and refit_every < 1:
             problems.append(f"curriculum.refit_every={refit_every} must be >= 1 or null (one pass over the split)")
         if problems:
-            raise ValueError("; ".join(problems))
+            raise ConfigError(problems)
         self.prompts_per_step = prompts_per_step
         self.samples_per_prompt = samples_per_prompt  # the base group size
         self.alpha = alpha

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.curriculum.passes import ShuffledPasses
 from grpo_pipe.types import Task
 
@@ -13,10 +14,10 @@ from grpo_pipe.types import Task
 class UniformCurriculum:
     def __init__(self, prompts_per_step: int = 8, samples_per_prompt: int = 8, seed: int = 0) -> None:
         if prompts_per_step < 1 or samples_per_prompt < 2:
-            raise ValueError(
+            raise ConfigError([
                 f"curriculum.prompts_per_step={prompts_per_step} must be >= 1 and "
                 f"curriculum.samples_per_prompt={samples_per_prompt} >= 2 (GRPO compares samples within a group)"
-            )
+            ])
         self.prompts_per_step = prompts_per_step
         self.samples_per_prompt = samples_per_prompt
         self.seed = seed

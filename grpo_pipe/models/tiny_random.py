@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_pipe import env
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.models.cache import build_once
 
 CHAT_TEMPLATE = (
@@ -51,10 +52,10 @@ class TinyRandomModel:
         seed: int = 0,
     ) -> None:
         if hidden_size // num_heads < 32:
-            raise ValueError(
+            raise ConfigError([
                 f"model.hidden_size / model.num_heads = {hidden_size // num_heads}: vLLM's CPU attention "
                 "needs head_dim >= 32 (e.g. 32, 64, 128)"
-            )
+            ])
         self.settings: dict[str, Any] = dict(  # Qwen2Config fields (and, with the seed, the cache key)
             hidden_size=hidden_size,
             num_hidden_layers=num_layers,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import RolloutEngine
 from grpo_pipe.placement.resources import ShardedTraining
 from grpo_pipe.rollout.errors import EngineGaveUp
@@ -17,7 +18,7 @@ from grpo_pipe.rollout.errors import EngineGaveUp
 class ColocatedPlacement:
     def __init__(self, sleep_level: int = 0) -> None:
         if sleep_level not in (0, 1, 2):
-            raise ValueError(f"placement.sleep_level={sleep_level}; allowed: 0, 1, 2")
+            raise ConfigError([f"placement.sleep_level={sleep_level}; allowed: 0, 1, 2"])
         self.sleep_level = sleep_level
         self._asleep = False
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import RolloutEngine
 from grpo_pipe.placement.resources import ShardedTraining, gpu_problems
 from grpo_pipe.rollout.errors import EngineGaveUp
@@ -42,10 +43,10 @@ class SplitPlacement:
         restart_backoff_s: float = 2.0,
     ) -> None:
         if num_engines < 1 or engine_cpus < 1 or engine_gpus < 0:
-            raise ValueError(
+            raise ConfigError([
                 f"placement.num_engines={num_engines} and engine_cpus={engine_cpus} must be >= 1, "
                 f"engine_gpus={engine_gpus} >= 0"
-            )
+            ])
         self.num_engines = num_engines
         self.engine_cpus = engine_cpus
         self.engine_gpus = engine_gpus

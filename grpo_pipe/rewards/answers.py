@@ -19,6 +19,8 @@ import threading
 from fractions import Fraction
 from typing import Protocol
 
+from grpo_pipe.config.errors import ConfigError
+
 _SIGN = r"(?:(?<![\w)\]])[-\u2212]\s?)?"  # a minus that is not a subtraction ("x-5", "3-2")
 _DIGITS = r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
 _NUMBER = _SIGN + r"\$?\s?" + _DIGITS + r"(?:\s?/\s?\d+)?%?"
@@ -142,10 +144,10 @@ class MathVerifyVerifier:
         try:
             import math_verify  # noqa: F401
         except ImportError as err:
-            raise ValueError(
+            raise ConfigError([
                 "reward.verifier=MathVerifyVerifier needs the `math-verify` package (pip install 'grpo_pipe[math]'); "
                 "the built-in parser (BuiltinVerifier) works offline"
-            ) from err
+            ]) from err
         self.timeout_s = timeout_s
 
     def __call__(self, text: str, reference: str) -> bool | None:

@@ -25,6 +25,7 @@ from typing import Any, cast
 
 import torch
 
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.types import RewardOutput, RolloutGroup
 
 RewardFn = Callable[..., Sequence[float | None]]
@@ -104,7 +105,7 @@ def load_function(spec: str) -> RewardFn:
     """`package.module:function` or `path/to/file.py:function` -> the function."""
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
-        raise ValueError("expected '<module or file.py>:<function>'")
+        raise ConfigError(["expected '<module or file.py>:<function>'"])
     if module_name.endswith(".py"):
         module = _module_from_file(Path(module_name).expanduser())
     else:

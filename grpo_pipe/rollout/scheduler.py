@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import PendingRollout, RolloutEngine
 from grpo_pipe.stopping import GenerationInterrupted
 from grpo_pipe.types import GeneratedBatch, RolloutGroup, SamplingSettings, Task, derive_seed
@@ -90,7 +91,7 @@ class RolloutScheduler:
         overlong_prompts: Literal["skip", "truncate"] = "skip",
     ) -> None:
         if stale_policy not in ("pace", "drop"):
-            raise ValueError(f"rollout_scheduler.stale_policy={stale_policy!r}; allowed: 'pace', 'drop'")
+            raise ConfigError([f"rollout_scheduler.stale_policy={stale_policy!r}; allowed: 'pace', 'drop'"])
         self.engine = engine
         self.next_batch = next_batch
         self.render = render

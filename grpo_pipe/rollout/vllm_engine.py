@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from grpo_pipe import env
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.dtypes import DTYPES, DtypeName
 from grpo_pipe.rollout import vllm_fixes
 from grpo_pipe.rollout.in_flight import InFlightLog, InFlightUpdates
@@ -68,7 +69,7 @@ class VllmEngine:
         request_timestamps: bool | None = None,
     ) -> None:
         if tensor_parallel_size < 1:
-            raise ValueError(f"rollout.tensor_parallel_size={tensor_parallel_size}: must be >= 1")
+            raise ConfigError([f"rollout.tensor_parallel_size={tensor_parallel_size}: must be >= 1"])
         self.tensor_parallel_size = tensor_parallel_size  # GPUs one replica spans (placement=split reserves them)
         self.dtype = dtype
         self.max_model_len = max_model_len
@@ -89,9 +90,9 @@ class VllmEngine:
         self.request_timestamps = request_timestamps
         self.speculative_config = dict(speculative_config) if speculative_config else None
         if device_ids is not None and in_process:
-            raise ValueError(
+            raise ConfigError([
                 f"rollout.device_ids={device_ids!r} needs rollout.in_process=false (an engine process of its own)"
-            )
+            ])
         self.device_ids = device_ids
         # Syncs from other threads land between engine steps (off: they wait for the running generate call).
         self.in_flight = InFlightUpdates(enabled=in_flight_updates)

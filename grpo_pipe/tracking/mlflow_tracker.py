@@ -178,10 +178,6 @@ class MlflowTracker:
         """Steps at which `key` was logged in this run (a resumed run does not log a step twice)."""
         return {m.step for m in self._client.get_metric_history(self._run(), key)}
 
-    def set_tags(self, tags: Mapping[str, str]) -> None:
-        for key, value in tags.items():
-            self._client.set_tag(self._run(), key, value)
-
     def describe(self) -> str:
         return describe_store(self.tracking_uri, self.experiment, self._experiment_id(), self.run_id)
 

@@ -30,9 +30,6 @@ class NullTracker:
     def log_table(self, rows: Sequence[Mapping[str, Any]], artifact_file: str) -> None:
         pass
 
-    def set_tags(self, tags: Mapping[str, str]) -> None:
-        pass
-
     def describe(self) -> str:
         return "Tracking is off (logger=none)."
 

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 import torch
 
+from grpo_pipe.config.errors import ConfigError
+
 ScheduleName = Literal["constant", "constant_with_warmup", "linear", "cosine"]
 
 
@@ -24,5 +26,5 @@ def warmup_schedule(
     from transformers import get_scheduler
 
     if warmup_steps < 0:
-        raise ValueError(f"warmup_steps={warmup_steps}: must be >= 0")
+        raise ConfigError([f"warmup_steps={warmup_steps}: must be >= 0"])
     return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_updates)

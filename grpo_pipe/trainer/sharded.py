@@ -17,7 +17,7 @@ import inspect
 import logging
 import time
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -241,14 +241,6 @@ def combine(results: list[dict[str, float]]) -> dict[str, float]:
                                                           "mismatch/ratio_max") if key in first},
         **{key: first[key] for key in ("train/grad_norm", "train/update_applied", "train/skipped_updates_total", "train/lr")},
     }
-
-
-def named_hf_weights(state: dict[str, torch.Tensor], tied: bool) -> Iterator[tuple[str, torch.Tensor]]:
-    """A full model state under checkpoint names; a tied lm_head only as the embedding (as policy.py)."""
-    for name, tensor in state.items():
-        if tied and name == "lm_head.weight":
-            continue
-        yield name, tensor
 
 
 def _expose_settings() -> None:
