@@ -226,6 +226,16 @@ class Reward(Protocol):
 
 
 @runtime_checkable
+class TriesOnTasks(Protocol):
+    """A reward that runs user code: it is tried on a few rows of the data before the engine starts, so a
+    broken function fails in seconds instead of after the engine's start-up."""
+
+    def try_on(self, tasks: Sequence[Task]) -> list[str]:
+        """One line per problem (naming the reward's key and what it raised); empty when fine."""
+        ...
+
+
+@runtime_checkable
 class ReadsRequestTimestamps(Protocol):
     """A reward that reads the engine's per-request timestamps (`RequestTelemetry.queued_s` ...). Engines
     record them only when some component reads them: recording costs decode speed."""

@@ -19,7 +19,9 @@ from grpo_pipe.bridges.contract import push_weights, sync_due
 from grpo_pipe.bridges.files import copy_tokenizer_files
 from grpo_pipe.checkpointing import Checkpoint
 from grpo_pipe.components import Components
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.held_out import HeldOutEvaluation
+from grpo_pipe.interfaces import TriesOnTasks
 from grpo_pipe.models.custom_code import loader_options
 from grpo_pipe.progress import StepProgress, format_metrics
 from grpo_pipe.prompts import render_prompt
@@ -61,9 +63,12 @@ class GRPORecipe:
     def setup(self) -> None:
         """Load the model, start the engine and the trainer, connect the bridge, prepare the evaluation."""
         p, settings = self.parts, self.parts.run
+        train_tasks = p.data.train_tasks()
+        if isinstance(p.reward, TriesOnTasks) and (problems := p.reward.try_on(train_tasks[:4])):
+            raise ConfigError([f"reward.{problem}" for problem in problems])  # seconds in, before any model loads
         self.model_path = p.model.materialize()
         tokenizer = _tokenizer(self.model_path)
-        p.curriculum.attach(p.data.train_tasks())
+        p.curriculum.attach(train_tasks)
         p.logger.log_metrics({"data/skipped_rows": float(len(p.data.skipped))}, step=0)
         self.engine.connect(self.model_path, {**p.weight_bridge.engine_options(), **loader_options(self.model_path)})
         p.reward.setup(self.model_path, self.engine.weight_dtype)

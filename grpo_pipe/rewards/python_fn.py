@@ -1,12 +1,16 @@
 """`reward=python`: a plain function as the reward, with TRL's reward-function signature.
 
-    def score(completions, prompts, answers, **metadata) -> list[float | None]
+    def score(completions, prompts, answer, **metadata) -> list[float | None]
 
 Every argument is a list with one entry per completion (a group's prompt, answer and metadata repeated
 for each of its completions): `completions` the generated texts, `prompts` the question text (or its
-chat messages), `answers` the reference answers, then one keyword per metadata column of the data
-(e.g. `difficulty=[...]`) and `completion_ids` (token ids). A function receives only the arguments it
-names, or all of them if it takes `**kwargs`. `None` means "does not apply" and counts as `none_value`.
+chat messages), `answer` the reference answers (also as `answers`), then one keyword per metadata column
+of the data under its own name (e.g. `difficulty=[...]`, as TRL passes dataset columns) and
+`completion_ids` (token ids). A function receives only the arguments it names, or all of them if it takes
+`**kwargs`. `None` means "does not apply" and counts as `none_value`; NaN and infinities are errors.
+
+Before the engine starts, the function is called once on a few rows of the data with a placeholder
+completion (`try_on`), so a wrong signature, an exception or a non-finite value fails in seconds.
 
 `fn` is `package.module:function`, or `path/to/file.py:function`; modules are imported with the current
 directory on the path, as `python -m` does.
@@ -26,9 +30,10 @@ from typing import Any, cast
 import torch
 
 from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.types import RewardOutput, RolloutGroup
+from grpo_pipe.types import Completion, RequestTelemetry, RewardOutput, RolloutGroup, Task
 
 RewardFn = Callable[..., Sequence[float | None]]
+PLACEHOLDER = "The answer is 0."  # the completion a function is tried on before the engine starts
 
 
 class PythonFunctionReward:
@@ -57,6 +62,22 @@ class PythonFunctionReward:
     def setup(self, model_path: Path, kv_dtype: torch.dtype) -> None:
         self.function()
 
+    def try_on(self, tasks: Sequence[Task]) -> list[str]:
+        """Problems found by calling the function on `tasks` with a placeholder completion (empty when fine)."""
+        telemetry = RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0)
+        placeholder = Completion((0,), (0.0,), PLACEHOLDER, "stop", 0, telemetry)
+        groups = [RolloutGroup(task, (0,), (placeholder,)) for task in tasks]
+        missing = sorted(_named_parameters(self.function()) - set(reward_columns(groups)))
+        if missing:
+            return [f"fn={self.fn!r} takes {', '.join(missing)}, which the data does not give; it can take: "
+                    f"{', '.join(sorted(reward_columns(groups)))} (or **kwargs)"]
+        try:
+            call_reward_function(self.function(), groups, self.fn)
+        except Exception as err:  # noqa: BLE001 - anything the user's function raises is reported, with its type
+            return [f"fn={self.fn!r}: called on {len(groups)} rows of the data with the completion {PLACEHOLDER!r} it "
+                    f"raised {type(err).__name__}: {err}"]
+        return []
+
     def __call__(self, groups: Sequence[RolloutGroup]) -> RewardOutput:
         raw = call_reward_function(self.function(), groups, self.fn)
         values = [self.none_value if v is None else float(v) for v in raw]  # [N]
@@ -69,22 +90,31 @@ def call_reward_function(function: RewardFn, groups: Sequence[RolloutGroup], lab
     """Call `function` TRL-style on every completion of `groups`; check what it returns."""
     columns = reward_columns(groups)
     count = len(columns["completions"])
-    parameters = inspect.signature(function).parameters.values()
-    if not any(p.kind is p.VAR_KEYWORD for p in parameters):
-        names = {p.name for p in parameters}
+    if not _takes_any_keyword(function):
+        names = set(inspect.signature(function).parameters)
         columns = {k: v for k, v in columns.items() if k in names}
     result = list(function(**columns))
     if len(result) != count:
         raise ValueError(f"reward function {label} returned {len(result)} values for {count} completions")
     for value in result:
-        if value is not None and (not isinstance(value, (int, float)) or math.isnan(float(value))):
-            raise TypeError(f"reward function {label} returned {value!r}; allowed: a number or None")
+        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(float(value))):
+            raise TypeError(f"reward function {label} returned {value!r}; allowed: a finite number or None")
     return result
+
+
+def _named_parameters(function: RewardFn) -> set[str]:
+    """The keyword parameters the function needs filled (those without a default)."""
+    return {p.name for p in inspect.signature(function).parameters.values()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.default is p.empty}
+
+
+def _takes_any_keyword(function: RewardFn) -> bool:
+    return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(function).parameters.values())
 
 
 def reward_columns(groups: Sequence[RolloutGroup]) -> dict[str, list[Any]]:
     """The keyword arguments of a TRL-style reward function, one entry per completion."""
-    columns: dict[str, list[Any]] = {"completions": [], "prompts": [], "answers": [], "completion_ids": []}
+    columns: dict[str, list[Any]] = {"completions": [], "prompts": [], "answer": [], "answers": [], "completion_ids": []}
     metadata_keys = sorted({k for g in groups for k in g.task.metadata})
     for key in metadata_keys:
         columns.setdefault(key, [])
@@ -94,6 +124,7 @@ def reward_columns(groups: Sequence[RolloutGroup]) -> dict[str, list[Any]]:
         for completion in group.completions:
             columns["completions"].append(completion.text)
             columns["prompts"].append(prompt)
+            columns["answer"].append(task.answer)  # TRL's name for the column
             columns["answers"].append(task.answer)
             columns["completion_ids"].append(list(completion.token_ids))
             for key in metadata_keys:
