@@ -6,7 +6,7 @@ safe on any machine; heavy work (loading models, starting engines) happens in `c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence, Sized
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -37,9 +37,10 @@ class TaskSource(Protocol):
     """A dataset of tasks with a train/eval split that never overlap."""
 
     system_prompt: str
+    max_bad_fraction: float  # the share of rows that may be skipped as unusable; more is an error
 
     @property
-    def skipped(self) -> Sized: ...  # rows of the source that could not be used (counted and logged, never fatal)
+    def skipped(self) -> Collection[str]: ...  # "<file>:<line>: why" of each row that could not be used
 
     def train_tasks(self) -> Sequence[Task]: ...
 

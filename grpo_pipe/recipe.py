@@ -20,6 +20,7 @@ from grpo_pipe.bridges.files import copy_tokenizer_files
 from grpo_pipe.checkpointing import Checkpoint
 from grpo_pipe.components import Components
 from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.data.rows import bad_rows_problem
 from grpo_pipe.held_out import HeldOutEvaluation
 from grpo_pipe.interfaces import TriesOnTasks
 from grpo_pipe.models.custom_code import loader_options
@@ -63,9 +64,8 @@ class GRPORecipe:
     def setup(self) -> None:
         """Load the model, start the engine and the trainer, connect the bridge, prepare the evaluation."""
         p, settings = self.parts, self.parts.run
-        train_tasks = p.data.train_tasks()
-        if isinstance(p.reward, TriesOnTasks) and (problems := p.reward.try_on(train_tasks[:4])):
-            raise ConfigError([f"reward.{problem}" for problem in problems])  # seconds in, before any model loads
+        train_tasks, eval_tasks = p.data.train_tasks(), list(p.data.eval_tasks())
+        check_data_and_reward(p, train_tasks, eval_tasks)  # seconds in, before any model loads
         self.model_path = p.model.materialize()
         tokenizer = _tokenizer(self.model_path)
         p.curriculum.attach(train_tasks)
@@ -84,7 +84,7 @@ class GRPORecipe:
             self.engine, p.curriculum.next_batch, render, self.sampling, total_steps=p.trainer.steps,
             prompt_limit=self.engine.max_model_len - settings.max_new_tokens, overlong_prompts=settings.overlong_prompts,
         )
-        eval_tasks = list(p.data.eval_tasks())[: settings.eval_size]
+        eval_tasks = eval_tasks[: settings.eval_size]
         self.held_out = HeldOutEvaluation(
             [render(t) for t in eval_tasks], eval_tasks, p.reward, settings.eval_plan(), settings.eval_every,
             settings.early_stop_patience, p.checkpoint, self._export_policy,
@@ -276,6 +276,22 @@ class GRPORecipe:
     def _export_policy(self, folder: Path) -> None:
         self.parts.trainer.policy.save_pretrained(folder)
         copy_tokenizer_files(self.model_path, folder)
+
+
+def check_data_and_reward(parts: Components, train: Sequence[Task], held_out: Sequence[Task]) -> None:
+    """What only the loaded data can tell: too many broken rows, a held-out split smaller than asked for, and
+    a user's reward function that fails on real rows (tried on four, with a placeholder completion)."""
+    problems = []
+    bad = bad_rows_problem(list(parts.data.skipped), len(train) + len(held_out), parts.data.max_bad_fraction)
+    if bad:
+        problems.append(bad)
+    if isinstance(parts.reward, TriesOnTasks):
+        problems += [f"reward.{problem}" for problem in parts.reward.try_on(train[:4])]
+    if problems:
+        raise ConfigError(problems)
+    if len(held_out) < parts.run.eval_size:
+        log.warning("The held-out split has %d tasks, fewer than run.eval_size=%d: evaluations use %d",
+                    len(held_out), parts.run.eval_size, len(held_out))
 
 
 def _uids(groups: Sequence[RolloutGroup]) -> list[str]:

@@ -222,6 +222,7 @@ class ListTracker:
 class StaticTasks:
     system_prompt = ""
     skipped = ()
+    max_bad_fraction = 0.0
 
     def train_tasks(self) -> list[Task]:
         return TASKS

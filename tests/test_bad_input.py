@@ -1,13 +1,16 @@
-"""A whole run on a data file with broken rows and a prompt far longer than the engine can take:
-it completes, and every row left out is counted and named."""
+"""A whole run on a data file with broken rows and a prompt far longer than the engine can take: with
+`data.max_bad_fraction` allowing them it completes, and every row left out is counted and named; by default a
+broken row is an error naming file and line, raised before any model loads."""
 
 import json
 import logging
+import subprocess
+import sys
 
 from mlflow.tracking import MlflowClient
 
 from grpo_pipe.pipeline import JobContext, run
-from tests.conftest import GSM8K_DIR
+from tests.conftest import GSM8K_DIR, REPO, TINY
 
 
 def test_a_run_on_bad_rows_completes_and_counts_every_skip(compose_cfg, tmp_path, caplog) -> None:
@@ -25,6 +28,7 @@ def test_a_run_on_bad_rows_completes_and_counts_every_skip(compose_cfg, tmp_path
     (data_dir / "test.jsonl").write_text("\n".join(good) + "\n")
     cfg = compose_cfg([
         "data=gsm8k", f"data.path={data_dir}", "data.max_question_chars=200000", "data.max_eval=3",
+        "data.max_bad_fraction=0.3",  # 3 broken rows of 10: allowed to be skipped and counted
         "trainer.steps=2", "curriculum.prompts_per_step=4", "run.eval_size=3",
     ])
     with caplog.at_level(logging.WARNING):
@@ -41,3 +45,37 @@ def test_a_run_on_bad_rows_completes_and_counts_every_skip(compose_cfg, tmp_path
     assert sum(too_long.values()) == 2
     assert "skipped, prompt longer than" in caplog.text and "train.jsonl:7 (" in caplog.text
     assert result.ledger.balanced() and result.ledger.trained == 2 * 3
+
+
+TINY_GSM8K = [o for o in TINY if not o.startswith("data.")]  # the tiny settings of the default data do not apply
+
+
+def _bad_data(tmp_path):
+    good = (GSM8K_DIR / "test.jsonl").read_text().splitlines()[:3]
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "train.jsonl").write_text("\n".join([*good, "{not json", *good]) + "\n")
+    (data_dir / "test.jsonl").write_text("\n".join(good[:2]) + "\n")
+    return data_dir
+
+
+def test_by_default_a_broken_row_is_an_error_naming_file_and_line(tmp_path) -> None:
+    """From outside, as a user meets it: one block in the config-error format, in seconds, no model loaded."""
+    command = [sys.executable, "-m", "grpo_pipe", *TINY_GSM8K, "data=gsm8k", f"data.path={_bad_data(tmp_path)}",
+               "logger=none", f"hydra.run.dir={tmp_path}/run"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    flat = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode != 0
+    assert "data: 1 of 9 rows cannot be used (gsm8k/train.jsonl:4: unparsable row" in flat, flat[-2000:]
+    assert "data.max_bad_fraction (now 0.0, needed >= 0.111)" in flat
+    assert "Loading weights" not in flat and "vLLM engine up" not in flat
+
+
+def test_a_held_out_split_smaller_than_eval_size_warns_with_both_numbers(tmp_path) -> None:
+    command = [sys.executable, "-m", "grpo_pipe", *TINY_GSM8K, "data=gsm8k", f"data.path={_bad_data(tmp_path)}",
+               "data.max_bad_fraction=0.2", "run.eval_size=4", "trainer.steps=1", "logger=none",
+               f"hydra.run.dir={tmp_path}/run"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    flat = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 0, flat[-2000:]
+    assert "The held-out split has 2 tasks, fewer than run.eval_size=4" in flat

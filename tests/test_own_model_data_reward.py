@@ -36,7 +36,7 @@ def _overrides(tmp_path: Path) -> list[str]:
     return [
         "model=hf", f"model.path={TinyRandomModel().materialize()}", f"model.chat_template={json.dumps(TEMPLATE)}",
         "data=jsonl", f"data.train_path={data}", "data.prompt_key=question", "data.answer_key=solution",
-        "data.eval_fraction=0.25",
+        "data.eval_fraction=0.25", "data.max_bad_fraction=0.1",  # the one broken row of 13 is skipped and counted
         "reward=weighted",
         "+reward.rewards.bonus={_target_: grpo_pipe.rewards.python_fn.PythonFunctionReward, "
         f"fn: '{rewards}:bonus_from_metadata', success_at: null}}",

@@ -1,7 +1,7 @@
 """GSM8K from local jsonl files (offline) or the public hub dataset (online).
 
 Rows are `{"question": ..., "answer": "...reasoning... #### 72"}`. A row that cannot be parsed or has
-no numeric final answer is skipped, counted and named (file and line), never fatal.
+no numeric final answer is named (file and line): an error, or skipped and counted within `data.max_bad_fraction`.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ class Gsm8kTasks:
         max_eval: int | None = 200,
         max_question_chars: int = 4000,
         system_prompt: str = "",
+        max_bad_fraction: float = 0.0,
     ) -> None:
         self.path = path
         self.hub_id = hub_id
@@ -75,6 +76,7 @@ class Gsm8kTasks:
         self.max_eval = max_eval
         self.max_question_chars = max_question_chars
         self.system_prompt = system_prompt
+        self.max_bad_fraction = max_bad_fraction  # share of rows that may be skipped (counted); 0 = any is an error
         self.skipped = SkippedRows()
         self._cache: dict[str, list[Task]] = {}
 

@@ -43,6 +43,7 @@ class HfDatasetTasks:
         max_eval: int | None = None,
         max_prompt_chars: int = 20_000,
         system_prompt: str = "",
+        max_bad_fraction: float = 0.0,
     ) -> None:
         self.name = name  # a hub id "org/name" or a local folder
         self.config_name = config_name
@@ -57,6 +58,7 @@ class HfDatasetTasks:
         self.max_train = max_train
         self.max_eval = max_eval
         self.system_prompt = system_prompt
+        self.max_bad_fraction = max_bad_fraction  # share of rows that may be skipped (counted); 0 = any is an error
         self.skipped = SkippedRows()
         self._dataset: Any = None
         self._split: tuple[list[Task], list[Task]] | None = None

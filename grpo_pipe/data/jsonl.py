@@ -2,7 +2,8 @@
 
 Eval comes from its own file (`eval_path`), or a seeded held-out fraction of the train file. Every column
 other than the prompt and the answer (or those listed in `metadata_keys`) travels with its task to the
-reward. Unparsable or incomplete rows are skipped and counted (`skipped`), never fatal.
+reward. Unparsable or incomplete rows are named (`skipped`): an error, or skipped and counted within
+`data.max_bad_fraction`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class JsonlTasks:
         max_eval: int | None = None,
         max_prompt_chars: int = 20_000,
         system_prompt: str = "",
+        max_bad_fraction: float = 0.0,
     ) -> None:
         self.train_path = train_path
         self.eval_path = eval_path
@@ -49,6 +51,7 @@ class JsonlTasks:
         self.max_train = max_train
         self.max_eval = max_eval
         self.system_prompt = system_prompt
+        self.max_bad_fraction = max_bad_fraction  # share of rows that may be skipped (counted); 0 = any is an error
         self.skipped = SkippedRows()
         self._split: tuple[list[Task], list[Task]] | None = None
 

@@ -36,6 +36,7 @@ class ReasoningGymTasks:
         self.difficulty = dict(difficulty or {})
         self.system_prompt = system_prompt
         self.skipped: tuple[str, ...] = ()  # generated tasks are never malformed (TaskSource.skipped)
+        self.max_bad_fraction = 0.0
         self._train: list[Task] | None = None
         self._eval: list[Task] | None = None
 

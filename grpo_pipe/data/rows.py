@@ -1,14 +1,15 @@
 """Turning table rows (JSONL, parquet, Hugging Face datasets) into tasks, the same way for every source.
 
 A row gives a prompt (text, or chat messages), a reference answer and any metadata columns, which travel
-with the task to the reward. A row that cannot be used is skipped, counted and named, never fatal.
+with the task to the reward. A row that cannot be used is named (file and line); it is an error unless
+`data.max_bad_fraction` lets a share of them be skipped and counted.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,22 @@ class SkippedRows:
 
     def __len__(self) -> int:
         return len(self.reasons)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.reasons)
+
+    def __contains__(self, reason: object) -> bool:
+        return reason in self.reasons
+
+
+def bad_rows_problem(skipped: Sequence[str], usable: int, max_fraction: float) -> str | None:
+    """A problem when more rows were unusable than `data.max_bad_fraction` allows, naming the first ones."""
+    total = usable + len(skipped)
+    if not skipped or len(skipped) <= max_fraction * total:
+        return None
+    named = "; ".join(skipped[:5]) + (f"; ... ({len(skipped) - 5} more)" if len(skipped) > 5 else "")
+    return (f"data: {len(skipped)} of {total} rows cannot be used ({named}); fix them, or allow a share to be "
+            f"skipped and counted with data.max_bad_fraction (now {max_fraction}, needed >= {len(skipped) / total:.3f})")
 
 
 @dataclass(frozen=True)
