@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,7 +36,24 @@ def job_context() -> JobContext:
         run_name=hydra_cfg.job.override_dirname or "default",
         sweep_dir=sweep_dir,
         tags=run_tags(sys.argv, dict(hydra_cfg.runtime.choices), list(hydra_cfg.overrides.task)),
+        overrides=tuple(hydra_cfg.overrides.task),
     )
+
+
+def resumed(cfg: DictConfig, job: JobContext) -> tuple[DictConfig, JobContext]:
+    """`resume=<dir>`: the config of the checkpoint's job (its overrides, kept in the checkpoint) with the
+    overrides given now on top, which the pipeline then holds to `resume_accept` as for any change."""
+    from hydra import compose
+
+    from grpo_pipe.checkpointing import find_resume_checkpoint, resumed_overrides
+
+    try:
+        found = find_resume_checkpoint(str(cfg.resume), job.output_dir.parent)
+    except FileNotFoundError as err:
+        raise ConfigError([str(err)]) from None
+    overrides = resumed_overrides(found.overrides(), job.overrides)
+    composed = compose(config_name="config", overrides=[o for o in overrides if not o.startswith("hydra.")])
+    return composed, replace(job, overrides=tuple(overrides))
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -44,12 +62,16 @@ def main(cfg: DictConfig) -> float:
     from grpo_pipe.pipeline import run
 
     try:
-        result = run(cfg, job_context())
+        job = job_context()
+        if cfg.get("resume") is not None:
+            cfg, job = resumed(cfg, job)
+        result = run(cfg, job)
     except ConfigError as err:
         log.error("%s", err)
         sys.exit(2)
     if result.stopped_by is not None:  # stopped by a signal after a checkpoint: resumable, not finished
-        log.warning("Stopped by %s; continue with: python -m grpo_pipe resume=%s", result.stopped_by, job_context().output_dir)
+        log.warning("Stopped by %s; continue with: python -m grpo_pipe resume=%s", result.stopped_by,
+                    result.resume_dir or job.output_dir)
         # Everything is saved and closed: skip the interpreter's teardown of vLLM/torch (seconds to minutes on a
         # loaded machine), which no grace deadline can bound (daemon threads stop running during it).
         logging.shutdown()

@@ -15,13 +15,14 @@ import os
 import random
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 
 from grpo_pipe.config.errors import ConfigError
 
@@ -47,6 +48,16 @@ class Checkpoint:
 
     def config_yaml(self) -> str:
         return (self.path / "config.yaml").read_text()
+
+    def overrides(self) -> list[str]:
+        """The command-line overrides of the job that wrote it (older checkpoints: its run's Hydra record)."""
+        saved = self.loop_state().get("overrides")
+        if saved is not None:
+            return list(saved)
+        hydra_record = self.path.parent.parent / ".hydra" / "overrides.yaml"
+        if hydra_record.exists():
+            return [str(o) for o in OmegaConf.to_container(OmegaConf.load(hydra_record)) or []]  # type: ignore[union-attr]
+        return []
 
 
 class CheckpointManager:
@@ -212,3 +223,22 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "__dict__"):
         return vars(value)
     raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
+
+
+def resumed_overrides(saved: Sequence[str], given: Sequence[str]) -> list[str]:
+    """The overrides a resumed job composes its config from: the checkpoint's job's, then the ones given with
+    `resume=` (a key given again takes the new value, which the resume check then holds to resume_accept).
+    Hydra's own settings (output folder) and the resume keys themselves are not carried over."""
+
+    def key(override: str) -> str:
+        return override.split("=", 1)[0].lstrip("+~")
+
+    merged: dict[str, str] = {}
+    for override in [*saved, *given]:
+        name = key(override)
+        if name.startswith(("hydra.", "hydra/")) or name in ("resume", "resume_accept"):
+            if override in given:
+                merged[name] = override
+            continue
+        merged[name] = override
+    return list(merged.values())

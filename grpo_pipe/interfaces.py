@@ -369,6 +369,10 @@ class CheckpointStore(Protocol):
         """Export a new `best/` through `export(folder)` if `metrics` beat the best so far."""
         ...
 
+    def latest(self) -> Any:
+        """The newest checkpoint written (with its `path`), or None."""
+        ...
+
 
 @runtime_checkable
 class Tracker(Protocol):

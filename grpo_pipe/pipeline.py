@@ -35,6 +35,7 @@ class JobContext:
     run_name: str
     sweep_dir: str | None = None
     tags: Mapping[str, str] = field(default_factory=dict)  # commit, command line, chosen options (tracking/run_tags)
+    overrides: tuple[str, ...] = ()  # the job's command-line overrides, kept in every checkpoint: resume=<dir> alone continues
 
 
 def run(cfg: DictConfig, job: JobContext) -> RunResult:
@@ -53,7 +54,7 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
         resume_run_id=resume_from.loop_state()["mlflow_run_id"] if resume_from is not None else None,
     )
     config_yaml = OmegaConf.to_yaml(OmegaConf.create(_plain(cfg)))
-    recipe = GRPORecipe(parts, config_yaml, job.output_dir)
+    recipe = GRPORecipe(parts, config_yaml, job.output_dir, job.overrides)
     status = "FAILED"
     try:
         if resume_from is None:

@@ -47,12 +47,14 @@ class RunResult:
     summary: dict[str, float]  # the end-of-run metrics (eval, reward quarters, overlap, loop time)
     stopped_by: str | None = None  # the signal that stopped the run early (a checkpoint was written)
     objective: float = float("nan")  # `run.objective` at the end (NaN when the run did not log it): for a sweeper
+    resume_dir: Path | None = None  # what `resume=` takes to continue this run: the folder holding its checkpoints
 
 
 class GRPORecipe:
-    def __init__(self, parts: Components, config_yaml: str, output_dir: Path) -> None:
+    def __init__(self, parts: Components, config_yaml: str, output_dir: Path, overrides: Sequence[str] = ()) -> None:
         self.parts = parts
         self.config_yaml = config_yaml  # the resolved config, saved with every checkpoint
+        self.overrides = list(overrides)  # the job's command line, saved with every checkpoint (resume=<dir> alone)
         self.output_dir = output_dir
         self.engine = parts.rollout
         self.pushed_version = 0  # the newest policy version the engine has been given
@@ -160,6 +162,7 @@ class GRPORecipe:
             "curriculum": p.curriculum.state_dict(),
             "scheduler": self.scheduler.snapshot(),
             "step_rewards": self.recorder.step_rewards,
+            "overrides": self.overrides,
             **self.held_out.state_dict(),
         }
         saved = p.checkpoint.save(step, p.trainer.state_dict(), loop_state, self.config_yaml)
@@ -271,7 +274,10 @@ class GRPORecipe:
         p.logger.log_table(rec.table, "samples.json")
         log.info("After training: %s", format_metrics(summary))
         objective = p.run.objective_value({**final_eval, **summary})
-        return RunResult(p.logger.run_id, rec.step_rewards, final_eval, self.scheduler.ledger, summary, stopped_by, objective)
+        latest = p.checkpoint.latest()
+        resume_dir = latest.path.parent.parent if latest is not None else None  # <run>/checkpoints/step-N -> <run>
+        return RunResult(p.logger.run_id, rec.step_rewards, final_eval, self.scheduler.ledger, summary, stopped_by,
+                         objective, resume_dir)
 
     def _export_policy(self, folder: Path) -> None:
         self.parts.trainer.policy.save_pretrained(folder)

