@@ -15,6 +15,7 @@ import torch
 from grpo_pipe.types import (
     Completion,
     GeneratedBatch,
+    LossStats,
     RewardOutput,
     RolloutGroup,
     SamplingSettings,
@@ -211,6 +212,42 @@ class WeightBridge(Protocol):
     def push(self, policy: Policy, version: int) -> SyncStats: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class PolicyLoss(Protocol):
+    """The policy-gradient loss (`loss=`): advantages from rewards, and the per-micro-batch surrogate. The trainer
+    knows nothing of the algorithm beyond this; `grpo_pipe.trainer.loss.GRPOLoss` is the GRPO family."""
+
+    clip_low: float
+    clip_high: float
+    mask_truncated: bool  # completions that hit the budget get no loss and are in no normaliser
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether `__call__` needs the frozen starting policy's log-probs (a KL term)."""
+        ...
+
+    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """[N] rewards, [N] group ids -> [N] advantages."""
+        ...
+
+    def normaliser(self, lengths: Sequence[int]) -> float:
+        """What the whole batch's summed loss is divided by, from the lengths of the completions that get one."""
+        ...
+
+    def __call__(
+        self,
+        new_logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        normaliser: float,
+        ref_logprobs: torch.Tensor | None = None,
+        proximal_logprobs: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, LossStats]:
+        """One micro-batch's loss, pre-divided by the batch's normaliser, and its detached statistics."""
+        ...
 
 
 @runtime_checkable

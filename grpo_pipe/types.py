@@ -140,3 +140,20 @@ def derive_seed(seed: int, index: int) -> int:
     """The seed of stream `index` (a batch, a prompt) of a run seeded with `seed`: distinct for distinct
     indices, and a function of the two alone, so a resumed run draws exactly what the uninterrupted one did."""
     return seed * 1_000_003 + index
+
+
+@dataclass(frozen=True)
+class LossStats:
+    """Detached statistics of one loss call: sums over its tokens (the trainer adds them over micro-batches
+    and divides by the token counts) and maxima."""
+
+    tokens: float  # tokens that got a loss
+    clipped_tokens: float  # tokens whose surrogate the clip replaced (no gradient)
+    positive_tokens: float  # tokens of completions with advantage > 0
+    clipped_positive: float  # ... of which clipped (the ratio rose past 1 + clip_high)
+    negative_tokens: float  # tokens of completions with advantage < 0
+    clipped_negative: float  # ... of which clipped (the ratio fell below 1 - clip_low)
+    kl_sum: float  # k3 KL to the frozen reference (kl_coef > 0)
+    ratio_max: float  # the largest ratio the clip saw
+    is_weight_sum: float  # truncated importance weights (1 per token without a correction)
+    is_truncated: float  # tokens whose importance weight the cap cut

@@ -5,6 +5,7 @@ import functools
 import pytest
 from hydra.utils import instantiate
 
+from grpo_pipe import interfaces
 from grpo_pipe.config.validate import validate_config
 from grpo_pipe.pipeline import PLAIN_KEYS, VALIDATED_GROUPS
 from tests.conftest import CONF
@@ -31,14 +32,30 @@ REQUIRED = {
 }
 
 
+# The Protocol each group's options must satisfy: what the recipe and trainer use them through.
+GROUP_PROTOCOLS = {
+    "model": interfaces.ModelSource, "data": interfaces.TaskSource, "reward": interfaces.Reward,
+    "curriculum": interfaces.Curriculum, "trainer": interfaces.Trainer, "rollout": interfaces.RolloutEngine,
+    "weight_bridge": interfaces.WeightBridge, "placement": interfaces.Placement, "logger": interfaces.Tracker,
+    "checkpoint": interfaces.CheckpointStore, "policy": interfaces.Policy, "loss": interfaces.PolicyLoss,
+}
+
+
 @pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
-def test_option_instantiates(compose_cfg, group: str, option: str) -> None:
+def test_option_instantiates_an_instance_of_its_groups_protocol(compose_cfg, group: str, option: str) -> None:
     cfg = compose_cfg([f"{group}={option}", *REQUIRED.get((group, option), [])])
     validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)
     component = instantiate(cfg[group], _convert_="all")
     # A `_partial_` option (the rollout scheduler) is completed by the recipe: its factory names the class.
     built = component.func.__name__ if isinstance(component, functools.partial) else type(component).__name__
     assert built in str(cfg[group]._target_)
+    if group in GROUP_PROTOCOLS:
+        assert isinstance(component, GROUP_PROTOCOLS[group]), f"{group}={option} is no {GROUP_PROTOCOLS[group].__name__}"
+
+
+def test_every_component_group_has_a_protocol_checked_here() -> None:
+    partial_or_plain = {"run", "rollout_scheduler", "optimizer"}  # settings, a scheduler factory, torch's optimizer
+    assert set(VALIDATED_GROUPS) - partial_or_plain == set(GROUP_PROTOCOLS)
 
 
 EXPERIMENTS = sorted(path.stem for path in (CONF / "experiment").glob("*.yaml"))

@@ -25,11 +25,12 @@ import torch
 from grpo_pipe.checkpointing import restore_rng, rng_state
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.dtypes import DTYPES, DtypeName
+from grpo_pipe.interfaces import PolicyLoss
 from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_entropy, completion_logprobs, flatten
-from grpo_pipe.trainer.loss import GRPOLoss, LossStats
+from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.mismatch import MismatchSums, mismatch_sums
 from grpo_pipe.trainer.schedule import warmup_schedule
-from grpo_pipe.types import RolloutGroup
+from grpo_pipe.types import LossStats, RolloutGroup
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +112,7 @@ class GRPOTrainer:
     def __init__(
         self,
         policy: TrainablePolicy,
-        loss: GRPOLoss | None = None,
+        loss: PolicyLoss | None = None,
         optimizer: OptimizerFactory | None = None,
         lr_schedule: ScheduleFactory | None = None,
         steps: int = 40,
@@ -137,7 +138,7 @@ class GRPOTrainer:
         if problems:
             raise ConfigError(problems)
         self.policy = policy
-        self.loss = loss or GRPOLoss()
+        self.loss: PolicyLoss = loss or GRPOLoss()
         self.optimizer_factory = optimizer or functools.partial(torch.optim.AdamW, betas=(0.9, 0.999), weight_decay=0.0)
         self.schedule_factory = lr_schedule or functools.partial(warmup_schedule, name="constant")
         self.steps = steps

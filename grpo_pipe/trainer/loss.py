@@ -36,12 +36,12 @@ How this departs from the GRPO paper (Shao et al., 2024):
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
 
 from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.types import LossStats
 
 Aggregation = Literal["sequence_mean", "constant", "token_mean"]
 RatioReference = Literal["policy", "sampler"]
@@ -66,23 +66,6 @@ def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, normalize_s
     sq = torch.zeros(n_groups, dtype=dtype).index_add_(0, group_ids, centred**2)  # [G]
     std = torch.sqrt(sq / (counts - 1).clamp(min=1))  # [G] sample std (N - 1), as torch.std
     return centred / (std[group_ids] + 1e-4)
-
-
-@dataclass(frozen=True)
-class LossStats:
-    """Detached statistics of one loss call: sums over its tokens (the trainer adds them over micro-batches
-    and divides by the token counts) and maxima."""
-
-    tokens: float  # tokens that got a loss
-    clipped_tokens: float  # tokens whose surrogate the clip replaced (no gradient)
-    positive_tokens: float  # tokens of completions with advantage > 0
-    clipped_positive: float  # ... of which clipped (the ratio rose past 1 + clip_high)
-    negative_tokens: float  # tokens of completions with advantage < 0
-    clipped_negative: float  # ... of which clipped (the ratio fell below 1 - clip_low)
-    kl_sum: float  # k3 KL to the frozen reference (kl_coef > 0)
-    ratio_max: float  # the largest ratio the clip saw
-    is_weight_sum: float  # truncated importance weights (1 per token without a correction)
-    is_truncated: float  # tokens whose importance weight the cap cut
 
 
 class GRPOLoss:
