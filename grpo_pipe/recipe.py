@@ -8,6 +8,8 @@ best-so-far and early stopping in `HeldOutEvaluation`, the bridge contract in `b
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Sequence
@@ -72,6 +74,7 @@ class GRPORecipe:
         tokenizer = _tokenizer(self.model_path)
         p.curriculum.attach(train_tasks)
         p.logger.log_metrics({"data/skipped_rows": float(len(p.data.skipped))}, step=0)
+        p.logger.log_params(data_fingerprint(train_tasks, eval_tasks))  # which rows trained, beside the data's path
         self.engine.connect(self.model_path, {**p.weight_bridge.engine_options(), **loader_options(self.model_path)})
         p.reward.setup(self.model_path, self.engine.weight_dtype)
         p.trainer.setup(self.model_path, p.placement.trainer_device(), pad_id=tokenizer.pad_token_id or 0)
@@ -298,6 +301,16 @@ def check_data_and_reward(parts: Components, train: Sequence[Task], held_out: Se
     if len(held_out) < parts.run.eval_size:
         log.warning("The held-out split has %d tasks, fewer than run.eval_size=%d: evaluations use %d",
                     len(held_out), parts.run.eval_size, len(held_out))
+
+
+def data_fingerprint(train: Sequence[Task], held_out: Sequence[Task]) -> dict[str, str]:
+    """Rows and a sha256 of the tasks as the job saw them (uid, prompt, answer), so two runs can be told to have
+    trained on the same data even when the file behind a path changed."""
+    digest = hashlib.sha256()
+    for task in (*train, *held_out):
+        digest.update(json.dumps([task.uid, task.question, task.answer, task.messages], default=str).encode())
+    return {"data_fingerprint.train_rows": str(len(train)), "data_fingerprint.eval_rows": str(len(held_out)),
+            "data_fingerprint.sha256": digest.hexdigest()}
 
 
 def _uids(groups: Sequence[RolloutGroup]) -> list[str]:

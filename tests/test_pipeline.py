@@ -22,6 +22,8 @@ def test_three_steps_leave_an_mlflow_run_with_metrics(compose_cfg, tmp_path) -> 
     assert EXPECTED_METRICS <= set(mlrun.data.metrics)
     assert mlrun.data.params["trainer.steps"] == "3"
     assert mlrun.data.params["weight_bridge._target_"].endswith("ReloadBridge")
+    assert mlrun.data.params["data_fingerprint.train_rows"] == "64" and mlrun.data.params["data_fingerprint.eval_rows"] == "16"
+    assert len(mlrun.data.params["data_fingerprint.sha256"]) == 64
     versions = [m.value for m in client.get_metric_history(result.run_id, "policy/version")]
     assert versions == [1.0, 2.0, 3.0]
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}

@@ -102,4 +102,5 @@ def test_installed_command_runs_a_user_job_and_a_sweep_from_an_empty_directory(
         assert child.data.params["reward.fn"] == "user_rewards:exact"
         assert "train/reward/exact" in child.data.metrics and "eval/accuracy" in child.data.metrics
         assert child.data.metrics["data/skipped_rows"] == 0.0
+        assert child.data.tags["grpo_pipe.version"] not in ("", "unknown")  # a wheel has no git commit to record
     assert (user_dir / "outputs").is_dir()  # outputs beside the user's files, not in the package

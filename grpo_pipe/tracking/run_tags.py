@@ -6,9 +6,11 @@ import json
 import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
 
 COMMIT_TAG = "grpo_pipe.git_commit"
+VERSION_TAG = "grpo_pipe.version"
 COMMAND_TAG = "grpo_pipe.command"
 OVERRIDES_TAG = "grpo_pipe.overrides"
 CHOICE_PREFIX = "grpo_pipe.choice."
@@ -28,10 +30,19 @@ def git_commit(folder: Path) -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def package_version() -> str:
+    """The installed distribution's version (a run from a wheel has no git commit to tell the code by)."""
+    try:
+        return metadata.version("grpo_pipe")
+    except metadata.PackageNotFoundError:  # imported from a source tree that was never installed
+        return "unknown"
+
+
 def run_tags(argv: Sequence[str], choices: Mapping[str, str | None], overrides: Sequence[str]) -> dict[str, str]:
     """Commit of the running code, the command line, the job's overrides (a JSON list: values may hold commas)
     and `grpo_pipe.choice.<group>=<option>`."""
-    tags = {COMMAND_TAG: shlex.join(argv)[:MAX_TAG_CHARS], OVERRIDES_TAG: json.dumps(list(overrides))[:MAX_TAG_CHARS]}
+    tags = {COMMAND_TAG: shlex.join(argv)[:MAX_TAG_CHARS], OVERRIDES_TAG: json.dumps(list(overrides))[:MAX_TAG_CHARS],
+            VERSION_TAG: package_version()}
     commit = git_commit(Path(__file__).resolve().parent)  # the code that runs, wherever the job was started
     if commit is not None:
         tags[COMMIT_TAG] = commit

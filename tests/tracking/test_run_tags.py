@@ -17,6 +17,9 @@ def test_run_tags_name_commit_command_overrides_and_choices() -> None:
     assert tags["grpo_pipe.command"] == "python -m grpo_pipe a=1,2"
     assert parse_overrides(tags["grpo_pipe.overrides"]) == {"a": "1,2"}  # a value with a comma survives
     assert len(tags.get("grpo_pipe.git_commit", "x" * 40)) >= 40  # this checkout is a git repository
+    from importlib import metadata
+
+    assert tags["grpo_pipe.version"] == metadata.version("grpo_pipe")  # also where no git commit exists (a wheel)
 
 
 def test_objective_names_are_checked_before_anything_loads() -> None:
