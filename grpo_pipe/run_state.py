@@ -57,9 +57,21 @@ class RunSettings:
     # On-policy batches whose mean |log pi_trainer - log pi_sampler| passes this warn (once): the engine is not
     # serving the trainer's weights (a broken sync), or the two sides compute differently; null = never.
     mismatch_warn: float | None = 0.1
+    # Sampling settings the trainer's log-probs do not follow (top_p too): accepted at their neutral values only.
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
 
     def config_problems(self) -> list[str]:
         problems = [metric_problem(self.eval_metric), objective_problem(self.objective)]
+        unmatched = [f"run.{name}={value}" for name, value, neutral in (
+            ("top_p", self.top_p, 1.0), ("top_k", self.top_k, 0), ("min_p", self.min_p, 0.0),
+            ("repetition_penalty", self.repetition_penalty, 1.0)) if value != neutral]
+        if unmatched:
+            problems.append(
+                f"{', '.join(unmatched)}: not supported: the trainer computes each token's log-prob from the plain "
+                "softmax at run.temperature, so the engine would sample from a distribution the loss does not know and "
+                "every importance ratio would be off; allowed: top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0")
         if self.mismatch_warn is not None and self.mismatch_warn <= 0:
             problems.append(f"run.mismatch_warn={self.mismatch_warn}: must be > 0, or null for no warning")
         return [p for p in problems if p]

@@ -41,3 +41,11 @@ def test_an_unknown_objective_is_a_config_error_before_anything_loads(compose_cf
         build(compose_cfg(["run.objective=eval/acuracy"]))
     with pytest.raises(ConfigError, match=r"run\.objective_direction"):
         build(compose_cfg(["run.objective_direction=up"]))
+
+
+def test_sampling_settings_the_trainer_does_not_follow_are_refused_with_the_reason() -> None:
+    problems = RunSettings(top_k=50, repetition_penalty=1.1).config_problems()
+    (problem,) = [p for p in problems if p]
+    assert problem.startswith("run.top_k=50, run.repetition_penalty=1.1: not supported")
+    assert "every importance ratio would be off" in problem
+    assert not [p for p in RunSettings().config_problems() if p]
