@@ -16,7 +16,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from grpo_pipe.config.validate import ConfigError
-from grpo_pipe.tracking.run_tags import run_tags
+from grpo_pipe.tracking.run_tags import job_run_name, run_tags, swept_keys
 
 if TYPE_CHECKING:  # the pipeline imports torch: only a job pays for that, not `--help`
     from grpo_pipe.pipeline import JobContext
@@ -28,12 +28,13 @@ def job_context() -> JobContext:
     from grpo_pipe.pipeline import JobContext
 
     hydra_cfg = HydraConfig.get()
-    sweep_dir = None
+    sweep_dir, swept = None, []
     if hydra_cfg.mode == RunMode.MULTIRUN:
         sweep_dir = str(Path(hydra_cfg.sweep.dir).resolve())
+        swept = swept_keys(sys.argv[1:], hydra_cfg.sweeper.get("params"))
     return JobContext(
         output_dir=Path(hydra_cfg.runtime.output_dir),
-        run_name=hydra_cfg.job.override_dirname or "default",
+        run_name=job_run_name(list(hydra_cfg.overrides.task), swept),
         sweep_dir=sweep_dir,
         tags=run_tags(sys.argv, dict(hydra_cfg.runtime.choices), list(hydra_cfg.overrides.task)),
         overrides=tuple(hydra_cfg.overrides.task),

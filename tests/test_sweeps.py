@@ -45,6 +45,8 @@ def test_compare_bridges_gives_a_child_per_bridge_with_sync_metrics(tmp_path: Pa
         assert child.data.metrics["sync/bytes"] > 0 and child.data.metrics["sync/total_s"] > 0
         assert child.data.tags["grpo_pipe.choice.weight_bridge"] in {"reload", "lora", "nccl", "checkpoint"}
         assert child.data.tags["grpo_pipe.choice.sweeps"] == "compare_bridges"
+        # named by what differs, so MLflow's runs table tells the children apart
+        assert child.info.run_name == f"weight_bridge={child.data.tags['grpo_pipe.choice.weight_bridge']}"
         assert not [k for k in child.data.metrics if k.startswith("async/")]  # a synchronous loop
         assert child.data.metrics["Headline/reward"] == child.data.metrics["train/reward/mean"]
     _assert_the_parent_compares_the_bridges(client, parents[0], children, tmp_path)

@@ -50,3 +50,23 @@ def run_tags(argv: Sequence[str], choices: Mapping[str, str | None], overrides: 
         if option is not None and not group.startswith("hydra"):
             tags[CHOICE_PREFIX + group] = str(option)
     return tags
+
+
+def job_run_name(overrides: Sequence[str], swept: Sequence[str]) -> str:
+    """A run's name in MLflow: in a sweep, only what differs between its jobs (`weight_bridge=lora`), so the runs
+    table tells the children apart at a glance; a single job is named by all of its overrides (or "default").
+    `swept`: the keys the sweep varies (the sweeper's `params` and command-line values with a comma)."""
+    keys = {key.lstrip("+~") for key in swept}
+    chosen = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") in keys] if keys else list(overrides)
+    return ",".join(chosen) or "default"
+
+
+def swept_keys(argv: Sequence[str], sweeper_params: Mapping[str, object] | None) -> list[str]:
+    """What a multirun varies: the sweeper's `params` (a shipped sweep's) and each command-line override whose
+    value lists several (`reward.wrong=0.0,-0.2`, `range(...)`, `choice(...)`)."""
+    keys = [str(k) for k in (sweeper_params or {})]
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if sep and not key.startswith("-") and ("," in value or value.startswith(("range(", "choice(", "interval("))):
+            keys.append(key.lstrip("+~"))
+    return keys

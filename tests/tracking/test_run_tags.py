@@ -49,3 +49,16 @@ def test_sampling_settings_the_trainer_does_not_follow_are_refused_with_the_reas
     assert problem.startswith("run.top_k=50, run.repetition_penalty=1.1: not supported")
     assert "every importance ratio would be off" in problem
     assert not [p for p in RunSettings().config_problems() if p]
+
+
+def test_a_sweeps_children_are_named_by_what_differs() -> None:
+    from grpo_pipe.tracking.run_tags import job_run_name, swept_keys
+
+    argv = ["-m", "+sweeps=compare_bridges", "model=tiny_random", "trainer.steps=2"]
+    swept = swept_keys(argv, {"weight_bridge": "reload,lora,nccl,checkpoint"})
+    job = ["+sweeps=compare_bridges", "model=tiny_random", "trainer.steps=2", "weight_bridge=lora"]
+    assert job_run_name(job, swept) == "weight_bridge=lora"
+    swept = swept_keys(["-m", "reward.wrong=0.0,-0.2", "run.seed=range(0,3)", "model=tiny_random"], None)
+    assert job_run_name(["reward.wrong=-0.2", "run.seed=1", "model=tiny_random"], swept) == "reward.wrong=-0.2,run.seed=1"
+    assert job_run_name(["model=tiny_random", "trainer.steps=2"], []) == "model=tiny_random,trainer.steps=2"
+    assert job_run_name([], []) == "default"
