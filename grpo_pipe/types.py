@@ -145,15 +145,16 @@ def derive_seed(seed: int, index: int) -> int:
 @dataclass(frozen=True)
 class LossStats:
     """Detached statistics of one loss call: sums over its tokens (the trainer adds them over micro-batches
-    and divides by the token counts) and maxima."""
+    and divides by the token counts) and maxima. A loss without clipping or importance weights leaves those
+    at their defaults."""
 
     tokens: float  # tokens that got a loss
-    clipped_tokens: float  # tokens whose surrogate the clip replaced (no gradient)
-    positive_tokens: float  # tokens of completions with advantage > 0
-    clipped_positive: float  # ... of which clipped (the ratio rose past 1 + clip_high)
-    negative_tokens: float  # tokens of completions with advantage < 0
-    clipped_negative: float  # ... of which clipped (the ratio fell below 1 - clip_low)
-    kl_sum: float  # k3 KL to the frozen reference (kl_coef > 0)
-    ratio_max: float  # the largest ratio the clip saw
-    is_weight_sum: float  # truncated importance weights (1 per token without a correction)
-    is_truncated: float  # tokens whose importance weight the cap cut
+    clipped_tokens: float = 0.0  # tokens whose surrogate the clip replaced (no gradient)
+    positive_tokens: float = 0.0  # tokens of completions with advantage > 0
+    clipped_positive: float = 0.0  # ... of which clipped (the ratio rose past 1 + clip_high)
+    negative_tokens: float = 0.0  # tokens of completions with advantage < 0
+    clipped_negative: float = 0.0  # ... of which clipped (the ratio fell below 1 - clip_low)
+    kl_sum: float = 0.0  # k3 KL to the frozen reference (kl_coef > 0)
+    ratio_max: float = 1.0  # the largest ratio the clip saw
+    is_weight_sum: float | None = None  # truncated importance weights; None = no weights (1 per token)
+    is_truncated: float = 0.0  # tokens whose importance weight the cap cut

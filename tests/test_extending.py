@@ -27,23 +27,25 @@ def _write_examples(root: Path) -> dict[str, Path]:
     return written
 
 
-def test_readme_reward_and_bridge_train_a_job(compose_cfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_readme_reward_bridge_and_loss_train_a_job(compose_cfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     written = _write_examples(tmp_path / "ext")
     assert set(written) == {
         "my_ext/short_and_right.py", "my_conf/reward/short_and_right.yaml",
         "my_ext/half_reload.py", "my_conf/weight_bridge/half_reload.yaml",
+        "my_ext/plain_pg.py", "my_conf/loss/plain_pg.yaml",
     }
     monkeypatch.syspath_prepend(str(tmp_path / "ext"))
     cfg = compose_cfg([
         f"hydra.searchpath=[file://{tmp_path / 'ext' / 'my_conf'}]", "reward=short_and_right",
-        "weight_bridge=half_reload", "trainer.steps=2",
+        "weight_bridge=half_reload", "loss=plain_pg", "trainer.steps=2",
     ])
     parts = build(cfg)
     assert type(parts.reward).__name__ == "ShortAndRight" and type(parts.weight_bridge).__name__ == "HalfReloadBridge"
+    assert type(parts.trainer.loss).__name__ == "PlainPolicyGradient"
     result = run(cfg, JobContext(output_dir=tmp_path / "run", run_name="extending"))
     assert len(result.rewards) == 2
     logged = _logged(tmp_path, result.run_id)
-    assert {"train/reward/length", "train/reward/correctness", "sync/total_s"} <= logged
+    assert {"train/reward/length", "train/reward/correctness", "sync/total_s", "train/loss"} <= logged
 
 
 def _logged(tmp_path: Path, run_id: str | None) -> set[str]:

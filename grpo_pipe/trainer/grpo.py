@@ -342,7 +342,9 @@ def loss_metrics(stats: Sequence[LossStats]) -> dict[str, float]:
     def share(part: float, whole: float) -> float:
         return part / whole if whole else 0.0
 
-    total = {name: sum(getattr(s, name) for s in stats) for name in LossStats.__dataclass_fields__}
+    total: dict[str, float] = {name: float(sum(getattr(s, name) for s in stats))
+                               for name in LossStats.__dataclass_fields__ if name != "is_weight_sum"}
+    total["is_weight_sum"] = float(sum(s.tokens if s.is_weight_sum is None else s.is_weight_sum for s in stats))
     return {
         "train/clip_fraction": share(total["clipped_tokens"], total["tokens"]),
         "train/clip_fraction/positive": share(total["clipped_positive"], total["positive_tokens"]),
