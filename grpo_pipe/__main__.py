@@ -57,8 +57,21 @@ def resumed(cfg: DictConfig, job: JobContext) -> tuple[DictConfig, JobContext]:
     return composed, replace(job, overrides=tuple(overrides))
 
 
+def main() -> None:
+    """The command: overrides naming keys that exist nowhere fail first, in the project's error format with the
+    nearest allowed names; then Hydra composes and runs the job (or the sweep)."""
+    from grpo_pipe.config.overrides import unknown_key_problems
+
+    problems = unknown_key_problems(sys.argv[1:])
+    if problems:
+        logging.basicConfig(format="%(message)s")
+        log.error("%s", ConfigError(problems))
+        sys.exit(2)
+    run_job()
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> float:
+def run_job(cfg: DictConfig) -> float:
     """Run one job; returns `run.objective` (NaN when the run did not log it) for a sweeper such as Optuna."""
     from grpo_pipe.pipeline import run
 

@@ -79,3 +79,15 @@ def test_a_held_out_split_smaller_than_eval_size_warns_with_both_numbers(tmp_pat
     flat = " ".join((done.stdout + done.stderr).split())
     assert done.returncode == 0, flat[-2000:]
     assert "The held-out split has 2 tasks, fewer than run.eval_size=4" in flat
+
+
+def test_a_misspelt_key_gets_the_nearest_allowed_names_not_hydras_append_advice(tmp_path) -> None:
+    command = [sys.executable, "-m", "grpo_pipe", "trainer.lrr=1", "run.tempreature=0.5", "data=jsonl",
+               "data.train_path=tasks.jsonl", f"hydra.run.dir={tmp_path}/run"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == 2, out
+    assert "trainer.lrr: unknown key; nearest: trainer.lr; allowed under trainer:" in out
+    assert "run.tempreature: unknown key; nearest: run.temperature;" in out
+    assert "data.train_path" not in out  # a key of the chosen option (data=jsonl) is known
+    assert "To append to your config use" not in out and "Traceback" not in out

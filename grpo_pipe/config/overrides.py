@@ -1,0 +1,68 @@
+"""Command-line overrides checked before Hydra runs the job: a key that exists nowhere gets the project's one
+error block with the nearest allowed names, instead of Hydra's advice to append it with `+` (which would only
+move the mistake to the component that then refuses it)."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Sequence
+
+from hydra import compose, initialize_config_module
+from hydra.errors import ConfigCompositionException
+from omegaconf import DictConfig, OmegaConf
+
+UNKNOWN = re.compile(r"Could not override '([^']+)'")
+
+
+def unknown_key_problems(args: Sequence[str]) -> list[str]:
+    """One problem per override whose key the composed config does not have (checked one at a time, so every
+    mistake is named at once); empty when all keys exist or when Hydra's own parser should speak (sweeps)."""
+    overrides = [a for a in args if "=" in a and not a.startswith("-")]
+    choices = _group_choices(overrides)
+    problems = []
+    for override in overrides:
+        key = override.split("=", 1)[0]
+        if override.startswith(("+", "~")) or key.startswith(("hydra.", "hydra/")) or "." not in key:
+            continue  # appended or deleted on purpose, Hydra's own settings, or a group's option
+        try:
+            _compose([*choices, override])
+        except ConfigCompositionException as err:
+            found = UNKNOWN.search(str(err))
+            if found and found.group(1) == key:
+                problems.append(_unknown(key, choices))
+        except Exception:  # noqa: BLE001 - anything else (sweep syntax, a bad value) is Hydra's to report
+            continue
+    return problems
+
+
+def _group_choices(overrides: Sequence[str]) -> list[str]:
+    """The options picked for config groups (`data=jsonl`, `+sweeps=compare_bridges`): they decide which keys
+    exist. Sweep lists are left to Hydra."""
+    picks = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if "." not in key and not key.startswith(("~", "hydra")) and "," not in value:
+            picks.append(override)
+    return picks
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    with initialize_config_module(config_module="grpo_pipe.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def _unknown(key: str, choices: list[str]) -> str:
+    """`trainer.lrr: unknown key; nearest: trainer.lr; allowed under trainer: ...`, read from the config as the
+    chosen group options compose it."""
+    parent, _, leaf = key.rpartition(".")
+    try:
+        node = OmegaConf.select(_compose(choices), parent) if parent else _compose(choices)
+    except Exception:  # noqa: BLE001 - without a readable parent, name the key alone
+        node = None
+    keys = sorted(str(k) for k in node.keys()) if isinstance(node, DictConfig) else []
+    nearest = difflib.get_close_matches(leaf, keys, n=3, cutoff=0.5)
+    prefix = f"{parent}." if parent else ""
+    hint = f"; nearest: {', '.join(prefix + n for n in nearest)}" if nearest else ""
+    allowed = f"; allowed{' under ' + parent if parent else ''}: {', '.join(keys)}" if keys else ""
+    return f"{key}: unknown key{hint}{allowed}"
