@@ -27,7 +27,7 @@ def test_compare_bridges_gives_a_child_per_bridge_with_sync_metrics(tmp_path: Pa
     overrides = [o for o in TINY if not o.startswith("trainer.")] + ["trainer.lr=1e-3", "run.eval_size=4"]
     store = f"sqlite:///{tmp_path}/mlflow.db"
     proc = subprocess.run(
-        [sys.executable, "-m", "grpo_pipe", "-m", "+sweeps=compare_bridges", "trainer.steps=2", *overrides,
+        [sys.executable, "-m", "grpo_pipe", "+sweeps=compare_bridges", "trainer.steps=2", *overrides,  # no -m: it sets it
          f"logger.tracking_uri={store}", f"logger.artifact_location={tmp_path}/artifacts",
          f"hydra.sweep.dir={tmp_path}/sweep"],
         cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"},
@@ -61,10 +61,10 @@ def _assert_the_parent_compares_the_bridges(client: MlflowClient, parent, childr
     assert set(rows) == {f"weight_bridge={b}" for b in ("reload", "lora", "nccl", "checkpoint")}
     for row in rows.values():
         assert row["status"] == "FINISHED" and row["sync_total_s"] > 0 and row["sync_bytes_total"] > 0
-        assert row["rollout_tokens_per_s"] > 0 and row["step_s"] > 0 and row["objective"] == "eval/accuracy"
+        assert row["rollout_tokens_per_s"] > 0 and row["step_s"] > 0 and row["objective"] == "summary/step_s"
     files = {f.path.rsplit("/", 1)[-1] for f in client.list_artifacts(parent_id, "comparison")}
     assert {"curves.png", "sync_breakdown.png", "throughput.png", "comparison.html"} <= files
     params = client.get_run(parent_id).data.params
     assert sorted(params["weight_bridge"].split(",")) == ["checkpoint", "lora", "nccl", "reload"]
-    best = max(c.data.metrics["eval/accuracy"] for c in children)
-    assert client.get_run(parent_id).data.metrics["best/eval/accuracy"] == best
+    fastest = min(c.data.metrics["summary/step_s"] for c in children)  # the sweep's objective, minimised
+    assert client.get_run(parent_id).data.metrics["best/summary/step_s"] == fastest

@@ -176,6 +176,12 @@ def best_child(children: Sequence[ChildResult]) -> ChildResult | None:
     return max(scored, key=lambda c: sign * c.last[c.objective])
 
 
+def best_label(children: Sequence[ChildResult], best: ChildResult) -> str:
+    """The best child's label; a first place shared is no answer, so then `tie: <every run that shares it>`."""
+    tied = [c for c in children if c.last.get(c.objective) == best.last[best.objective]]
+    return best.label if len(tied) == 1 else "tie: " + ", ".join(c.label for c in tied)
+
+
 def write_comparison(client: Any, parent_id: str) -> list[ChildResult]:
     """Read the children of `parent_id` and (re)write the table, plots, page, params and best metric on it."""
     from grpo_pipe.tracking.comparison_plots import write_page, write_plots
@@ -196,8 +202,8 @@ def write_comparison(client: Any, parent_id: str) -> list[ChildResult]:
     _log_swept_params(client, parent_id, children)
     if best is not None:
         client.log_metric(parent_id, f"best/{best.objective}", best.last[best.objective])
-        client.set_tag(parent_id, BEST_RUN_TAG, best.run_id)
-        client.set_tag(parent_id, BEST_LABEL_TAG, best.label)
+        client.set_tag(parent_id, BEST_RUN_TAG, best.run_id)  # one of them, when several tie
+        client.set_tag(parent_id, BEST_LABEL_TAG, best_label(children, best))
     log.info("Comparison of %d runs written on MLflow run %s (%s/)", len(children), parent_id, ARTIFACT_DIR)
     return children
 

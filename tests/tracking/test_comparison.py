@@ -118,3 +118,16 @@ def test_mlflow_tracking_uri_is_used_when_the_config_names_none(tmp_path: Path, 
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert MlflowTracker(None).tracking_uri.endswith("/outputs/mlflow.db")
     assert MlflowTracker("http://127.0.0.1:1", artifact_location="x").artifact_location is None  # the server decides
+
+
+def test_a_shared_first_place_is_reported_as_a_tie(sweep) -> None:
+    from grpo_pipe.tracking.comparison import best_child, best_label
+
+    client, parent_id, _ = sweep
+    children = read_children(client, parent_id)
+    for child in children:
+        child.last["eval/accuracy"] = 0.0  # as four bridges that all score 0 on a tiny model
+    best = best_child(children)
+    assert best is not None
+    assert best_label(children, best) == "tie: " + ", ".join(c.label for c in children)
+    assert best_label(children[:1], children[0]) == children[0].label
