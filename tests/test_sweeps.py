@@ -50,6 +50,9 @@ def test_compare_bridges_gives_a_child_per_bridge_with_sync_metrics(tmp_path: Pa
         assert not [k for k in child.data.metrics if k.startswith("async/")]  # a synchronous loop
         assert child.data.metrics["Headline/reward"] == child.data.metrics["train/reward/mean"]
     _assert_the_parent_compares_the_bridges(client, parents[0], children, tmp_path)
+    # the end of the sweep prints the parent run's link whole, on a line of its own
+    link = f"/#/experiments/{parents[0].info.experiment_id}/runs/{parents[0].info.run_id}"
+    assert f"  the parent run: http://127.0.0.1:5000{link}\n" in proc.stdout, proc.stdout[-2000:]
 
 
 def _assert_the_parent_compares_the_bridges(client: MlflowClient, parent, children, tmp_path: Path) -> None:

@@ -197,6 +197,12 @@ class MlflowTracker:
         return self.run_id
 
 
+def run_link(store: str, experiment_id: str, run_id: str) -> str:
+    """The address of one run's page in the MLflow UI (a local store: the UI started as `describe_store` says)."""
+    base = "http://127.0.0.1:5000" if is_local_store(store) else store.rstrip("/")
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
 def describe_store(store: str, experiment: str, experiment_id: str, run_id: str | None) -> str:
     """Where the run is and the link that opens MLflow on the training view of its experiment."""
     if is_local_store(store):

@@ -25,7 +25,13 @@ class EndSweepRun(Callback):
         from mlflow.tracking import MlflowClient
 
         from grpo_pipe.tracking.comparison import write_comparison
-        from grpo_pipe.tracking.mlflow_tracker import ROLE_TAG, SWEEP_TAG, resolve_tracking_uri
+        from grpo_pipe.tracking.mlflow_tracker import (
+            ROLE_TAG,
+            SWEEP_TAG,
+            describe_store,
+            resolve_tracking_uri,
+            run_link,
+        )
 
         client = MlflowClient(tracking_uri=resolve_tracking_uri(config.logger.get("tracking_uri")))
         experiment = client.get_experiment_by_name(config.logger.experiment)
@@ -41,7 +47,11 @@ class EndSweepRun(Callback):
             except Exception:
                 log.exception("Comparison of sweep %s failed; retry: python -m grpo_pipe.report %s", sweep_dir, parent_id)
             client.set_terminated(parent_id, status="FINISHED")
-            log.info("Sweep parent MLflow run %s finished", parent_id)
+            # The link on a line of its own (print, not the console log): a terminal or a pipe keeps it whole.
+            print(f"Sweep finished; its comparison is on the parent run:\n"
+                  f"{describe_store(str(client.tracking_uri), experiment.name, experiment.experiment_id, parent_id)}"
+                  f"\n  the parent run: {run_link(str(client.tracking_uri), experiment.experiment_id, parent_id)}",
+                  flush=True)
 
 
 # What the sweeper writes beside the jobs: the sweep's own config, and Optuna's best trial.
