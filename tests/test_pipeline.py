@@ -28,3 +28,20 @@ def test_three_steps_leave_an_mlflow_run_with_metrics(compose_cfg, tmp_path) -> 
     assert versions == [1.0, 2.0, 3.0]
     artifacts = {a.path for a in client.list_artifacts(result.run_id)}
     assert "samples.json" in artifacts
+
+
+def test_vllms_warnings_go_to_the_job_log_not_the_console(tmp_path) -> None:
+    """From outside: a short run's console carries the pipeline's own lines; vLLM's warnings (here its note
+    about the global seed of an engine in this process) are in the run's log file."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, TINY
+
+    command = [sys.executable, "-m", "grpo_pipe", *TINY, "trainer.steps=1", "logger=none", f"hydra.run.dir={tmp_path}/run"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    console = done.stdout + done.stderr
+    logged = (tmp_path / "run" / "grpo_pipe.log").read_text()
+    assert "global random seed is set" in logged and "][vllm" in logged
+    assert "global random seed is set" not in console and "step 1/1" in " ".join(console.split())
