@@ -91,3 +91,14 @@ def test_a_misspelt_key_gets_the_nearest_allowed_names_not_hydras_append_advice(
     assert "run.tempreature: unknown key; nearest: run.temperature;" in out
     assert "data.train_path" not in out  # a key of the chosen option (data=jsonl) is known
     assert "To append to your config use" not in out and "Traceback" not in out
+
+
+def test_an_unwritable_mlflow_store_is_named_before_anything_loads(tmp_path) -> None:
+    command = [sys.executable, "-m", "grpo_pipe", *TINY, "logger.tracking_uri=sqlite:////proc/no-such/mlflow.db",
+               f"hydra.run.dir={tmp_path}/run"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    flat = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 2, flat[-2000:]
+    assert "logger.tracking_uri=sqlite:////proc/no-such/" in flat  # the console may wrap the long value
+    assert "cannot create /proc/no-such (No such file or directory); allowed: a folder this user can write" in flat
+    assert "Traceback" not in flat and "Loading weights" not in flat

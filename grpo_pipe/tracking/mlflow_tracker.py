@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,19 @@ class MlflowTracker:
         self.parent_run_id: str | None = None
         self._client: Any = None
         self._monitor: Any = None
+
+    def config_problems(self) -> list[str]:
+        """A local store or artifact folder this process cannot write: named before anything loads, not met as a
+        traceback at the first metric."""
+        problems = []
+        if self.tracking_uri.startswith("sqlite:///"):
+            database = Path(self.tracking_uri.removeprefix("sqlite:///"))
+            if problem := _unwritable(database.parent):
+                problems.append(f"tracking_uri={self.tracking_uri}: {problem}")
+        if self.artifact_location is not None and self.artifact_location.startswith("file://"):
+            if problem := _unwritable(Path(self.artifact_location.removeprefix("file://"))):
+                problems.append(f"artifact_location={self.artifact_location}: {problem}")
+        return problems
 
     def start(
         self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None, resume_run_id: str | None = None
@@ -195,6 +209,17 @@ class MlflowTracker:
         if self.run_id is None:
             raise RuntimeError("tracker used before start()")
         return self.run_id
+
+
+def _unwritable(folder: Path) -> str | None:
+    """Why `folder` (created if missing, as MLflow would) cannot take files; None when it can."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        return f"cannot create {folder} ({err.strerror}); allowed: a folder this user can write"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder} is not writable by this user; allowed: a folder this user can write"
+    return None
 
 
 def run_link(store: str, experiment_id: str, run_id: str) -> str:
