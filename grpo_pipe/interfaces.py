@@ -274,6 +274,14 @@ class TriesOnTasks(Protocol):
 
 
 @runtime_checkable
+class HasSourceFiles(Protocol):
+    """A component built from the user's own code: its files are logged with the run, so the run records what
+    scored it."""
+
+    def source_files(self) -> list[Path]: ...
+
+
+@runtime_checkable
 class ReadsRequestTimestamps(Protocol):
     """A reward that reads the engine's per-request timestamps (`RequestTelemetry.queued_s` ...). Engines
     record them only when some component reads them: recording costs decode speed."""

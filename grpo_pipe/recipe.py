@@ -24,7 +24,7 @@ from grpo_pipe.components import Components
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.data.rows import bad_rows_problem
 from grpo_pipe.held_out import HeldOutEvaluation
-from grpo_pipe.interfaces import TriesOnTasks
+from grpo_pipe.interfaces import HasSourceFiles, TriesOnTasks
 from grpo_pipe.models.custom_code import loader_options
 from grpo_pipe.progress import StepProgress, format_metrics
 from grpo_pipe.prompts import render_prompt
@@ -75,6 +75,8 @@ class GRPORecipe:
         p.curriculum.attach(train_tasks)
         p.logger.log_metrics({"data/skipped_rows": float(len(p.data.skipped))}, step=0)
         p.logger.log_params(data_fingerprint(train_tasks, eval_tasks))  # which rows trained, beside the data's path
+        for source in p.reward.source_files() if isinstance(p.reward, HasSourceFiles) else []:
+            p.logger.log_artifact(source, "reward")  # the user's own scoring code, as it was for this run
         self.engine.connect(self.model_path, {**p.weight_bridge.engine_options(), **loader_options(self.model_path)})
         p.reward.setup(self.model_path, self.engine.weight_dtype)
         p.trainer.setup(self.model_path, p.placement.trainer_device(), pad_id=tokenizer.pad_token_id or 0)

@@ -56,6 +56,8 @@ def test_own_model_data_and_reward_run_end_to_end(compose_cfg, tmp_path: Path) -
     for key in ("eval/accuracy", "eval/reward/mean", "eval/reward/bonus", "eval/score", "eval/pass_at_2", "eval/pass_at_1"):
         assert key in metrics, key
     assert metrics["eval/score"] == metrics["eval/reward/mean"]
+    # the user's reward file travels with the run (a part of a weighted reward too)
+    assert [a.path for a in client.list_artifacts(result.run_id, "reward")] == ["reward/user_rewards.py"]
 
 
 def test_bad_paths_columns_and_functions_fail_before_any_model_loads(compose_cfg, tmp_path: Path) -> None:

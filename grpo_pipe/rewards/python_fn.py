@@ -62,6 +62,11 @@ class PythonFunctionReward:
     def setup(self, model_path: Path, kv_dtype: torch.dtype) -> None:
         self.function()
 
+    def source_files(self) -> list[Path]:
+        """The file the function was loaded from (logged with the run)."""
+        found = inspect.getsourcefile(self.function())
+        return [Path(found)] if found else []
+
     def try_on(self, tasks: Sequence[Task]) -> list[str]:
         """Problems found by calling the function on `tasks` with a placeholder completion (empty when fine)."""
         telemetry = RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0)

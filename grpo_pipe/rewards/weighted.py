@@ -16,10 +16,12 @@ import torch
 
 from grpo_pipe.interfaces import (  # run time: config validation reads the hints
     ChecksItsConfig,
+    HasSourceFiles,
     Reward,
+    TriesOnTasks,
     reads_request_timestamps,
 )
-from grpo_pipe.types import RewardOutput, RolloutGroup
+from grpo_pipe.types import RewardOutput, RolloutGroup, Task
 
 
 class WeightedReward:
@@ -47,6 +49,15 @@ class WeightedReward:
             if isinstance(reward, ChecksItsConfig):
                 problems += [f"rewards.{name}.{p}" for p in reward.config_problems()]
         return problems
+
+    def try_on(self, tasks: Sequence[Task]) -> list[str]:
+        """Each part that runs user code, tried on `tasks` (see `TriesOnTasks`)."""
+        return [f"rewards.{name}.{problem}" for name, reward in self.rewards.items()
+                if isinstance(reward, TriesOnTasks) for problem in reward.try_on(tasks)]
+
+    def source_files(self) -> list[Path]:
+        return [path for reward in self.rewards.values() if isinstance(reward, HasSourceFiles)
+                for path in reward.source_files()]
 
     def reads_request_timestamps(self) -> bool:
         return any(reads_request_timestamps(reward) for reward in self.rewards.values())

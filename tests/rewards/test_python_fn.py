@@ -135,3 +135,14 @@ def test_a_reward_that_raises_fails_the_job_in_seconds_before_any_model_loads(tm
     assert "mine.py:score': called on 4 rows of the data with the completion" in flat, out[-2000:]
     assert "raised ZeroDivisionError: division by zero" in flat
     assert "vLLM engine up" not in out and "Loading weights" not in out
+
+
+def test_a_weighted_reward_tries_its_user_code_parts_and_names_them() -> None:
+    from grpo_pipe.rewards.correctness import CorrectnessReward
+    from grpo_pipe.rewards.weighted import WeightedReward
+
+    weighted = WeightedReward({"mine": PythonFunctionReward(f"{__name__}:raises"), "right": CorrectnessReward()},
+                              {"mine": 1.0, "right": 1.0})
+    (problem,) = weighted.try_on([g.task for g in _groups()])
+    assert problem.startswith(f"rewards.mine.fn='{__name__}:raises'") and "raised KeyError" in problem
+    assert weighted.source_files() == [Path(__file__)]
