@@ -53,6 +53,7 @@ UNIT_MODULES = {
     "tests/data/test_reasoning_gym.py",
     "tests/test_lint.py",
     "tests/tracking/test_run_tags.py",
+    "tests/config/test_overrides.py",
 }
 
 

@@ -16,23 +16,27 @@ UNKNOWN = re.compile(r"Could not override '([^']+)'")
 
 
 def unknown_key_problems(args: Sequence[str]) -> list[str]:
-    """One problem per override whose key the composed config does not have (checked one at a time, so every
-    mistake is named at once); empty when all keys exist or when Hydra's own parser should speak (sweeps)."""
-    overrides = [a for a in args if "=" in a and not a.startswith("-")]
-    choices = _group_choices(overrides)
-    problems = []
-    for override in overrides:
-        key = override.split("=", 1)[0]
-        if override.startswith(("+", "~")) or key.startswith(("hydra.", "hydra/")) or "." not in key:
-            continue  # appended or deleted on purpose, Hydra's own settings, or a group's option
+    """One problem per override whose key the composed config does not have, every one named at once; empty
+    when all keys exist or when Hydra's own parser should speak (sweep syntax, a bad value). One composition
+    when nothing is wrong; one more per unknown key."""
+    given = [a for a in args if "=" in a and not a.startswith("-")]
+    if any("." not in a.split("=", 1)[0] and "," in a.split("=", 1)[1] for a in given):
+        return []  # a sweep over a group's options: which keys exist differs per job; Hydra judges each
+    overrides = [a for a in given if "," not in a.split("=", 1)[1]]
+    choices, problems = _group_choices(overrides), []
+    while overrides:
         try:
-            _compose([*choices, override])
+            _compose(overrides)
+            break
         except ConfigCompositionException as err:
             found = UNKNOWN.search(str(err))
-            if found and found.group(1) == key:
-                problems.append(_unknown(key, choices))
-        except Exception:  # noqa: BLE001 - anything else (sweep syntax, a bad value) is Hydra's to report
-            continue
+            if not found or found.group(1) not in {o.split("=", 1)[0] for o in overrides}:
+                break  # not an unknown key: Hydra reports it in its own words
+            key = found.group(1)
+            problems.append(_unknown(key, choices))
+            overrides = [o for o in overrides if o.split("=", 1)[0] != key]
+        except Exception:  # noqa: BLE001 - anything else is Hydra's to report
+            break
     return problems
 
 
