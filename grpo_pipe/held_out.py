@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,14 @@ from grpo_pipe.interfaces import CheckpointStore, Reward, RolloutEngine
 from grpo_pipe.types import Task
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LastEvaluation:
+    """The latest held-out evaluation: at which step, and what it measured."""
+
+    step: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)
 
 
 class HeldOutEvaluation:
@@ -39,7 +48,7 @@ class HeldOutEvaluation:
         self.export_best = export_best  # writes the current policy as a Hugging Face folder
         self.history: list[tuple[int, float]] = []  # (step, best_metric value)
         self.without_improvement = 0
-        self.last: tuple[int, dict[str, float]] = (0, {})  # (step, metrics) of the latest evaluation
+        self.last = LastEvaluation()
 
     def due(self, step: int, last_step: int) -> bool:
         """Mid-run evaluations only: the last step is evaluated by the run's end."""
@@ -48,7 +57,7 @@ class HeldOutEvaluation:
     def run(self, engine: RolloutEngine, step: int) -> dict[str, float]:
         """Evaluate now and note the result (a new best is exported; step 0 is the baseline)."""
         metrics = evaluate(engine, self.prompts, self.tasks, self.reward, self.plan)
-        self.last = (step, metrics)
+        self.last = LastEvaluation(step, metrics)
         self._note(step, metrics)
         return metrics
 

@@ -93,8 +93,9 @@ class GRPORecipe:
         )
         eval_tasks = eval_tasks[: settings.eval_size]
         self.held_out = HeldOutEvaluation(
-            [render(t) for t in eval_tasks], eval_tasks, p.reward, settings.eval_plan(), settings.eval_every,
-            settings.early_stop_patience, p.checkpoint, self._export_policy,
+            prompts=[render(t) for t in eval_tasks], tasks=eval_tasks, reward=p.reward, plan=settings.eval_plan(),
+            eval_every=settings.eval_every, patience=settings.early_stop_patience, checkpoints=p.checkpoint,
+            export_best=self._export_policy,
         )
 
     def train(self, first_step: int, stop: StopRequest) -> RunResult:
@@ -121,7 +122,7 @@ class GRPORecipe:
                     p.logger.log_artifact(report, "curriculum")
                 progress.update(step, metrics)
                 out_of_time = deadline is not None and time.time() >= deadline
-                early = self.held_out.should_stop and self.held_out.last[0] == step
+                early = self.held_out.should_stop and self.held_out.last.step == step
                 stopped_by = stop.reason or ("early_stopping" if early else None) or ("time_budget" if out_of_time else None)
                 if p.checkpoint.due(step, steps) or stopped_by:
                     self.save(step)
@@ -269,8 +270,8 @@ class GRPORecipe:
         p, rec = self.parts, self.recorder
         stopped_by = None if ended_by in (None, *NORMAL_ENDS) else ended_by  # a signal: no final evaluation
         last_step = len(rec.step_rewards)
-        evaluated_now = not stopped_by and self.held_out.last[0] != last_step
-        final_eval = self.evaluate(last_step) if evaluated_now else ({} if stopped_by else self.held_out.last[1])
+        evaluated_now = not stopped_by and self.held_out.last.step != last_step
+        final_eval = self.evaluate(last_step) if evaluated_now else ({} if stopped_by else self.held_out.last.metrics)
         summary = {**(final_eval if evaluated_now else {}), **rec.summary(self.scheduler, loop_s)}
         if last_step < p.trainer.steps and ended_by in NORMAL_ENDS:
             key = "early_stopped_at" if ended_by == "early_stopping" else "time_budget_stopped_at"
@@ -281,8 +282,9 @@ class GRPORecipe:
         objective = p.run.objective_value({**final_eval, **summary})
         latest = p.checkpoint.latest()
         resume_dir = latest.path.parent.parent if latest is not None else None  # <run>/checkpoints/step-N -> <run>
-        return RunResult(p.logger.run_id, rec.step_rewards, final_eval, self.scheduler.ledger, summary, stopped_by,
-                         objective, resume_dir)
+        return RunResult(run_id=p.logger.run_id, rewards=rec.step_rewards, final_eval=final_eval,
+                         ledger=self.scheduler.ledger, summary=summary, stopped_by=stopped_by, objective=objective,
+                         resume_dir=resume_dir)
 
     def _export_policy(self, folder: Path) -> None:
         self.parts.trainer.policy.save_pretrained(folder)
