@@ -72,10 +72,11 @@ class PythonFunctionReward:
         telemetry = RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0)
         placeholder = Completion((0,), (0.0,), PLACEHOLDER, "stop", 0, telemetry)
         groups = [RolloutGroup(task, (0,), (placeholder,)) for task in tasks]
-        missing = sorted(_named_parameters(self.function()) - set(reward_columns(groups)))
+        columns = sorted(reward_columns(groups))
+        missing = sorted(_named_parameters(self.function()) - set(columns))
         if missing:
             return [f"fn={self.fn!r} takes {', '.join(missing)}, which the data does not give; it can take: "
-                    f"{', '.join(sorted(reward_columns(groups)))} (or **kwargs)"]
+                    f"{', '.join(columns)} (or **kwargs)"]
         try:
             call_reward_function(self.function(), groups, self.fn)
         except Exception as err:  # noqa: BLE001 - anything the user's function raises is reported, with its type
