@@ -64,12 +64,15 @@ class MicroBatch:
         """Keyword arguments of a causal LM's forward whose logits are read by `completion_logprobs`.
 
         `logits_to_keep`: the model takes Hugging Face's `logits_to_keep` (then it projects only the
-        T + 1 last positions to the vocabulary, not the prompt's)."""
+        T + 1 last positions to the vocabulary, not the prompt's), and so its `use_cache`, which is turned
+        off: a training forward has no use for a KV cache, and filling one copies every layer's keys and
+        values (and makes a compiled layer trace again once the cache exists)."""
         inputs: dict[str, Any] = dict(
             input_ids=self.input_ids, attention_mask=self.attention_mask, position_ids=self.position_ids
         )
         if logits_to_keep:
             inputs["logits_to_keep"] = self.completion_mask.shape[1] + 1
+            inputs["use_cache"] = False
         return inputs
 
 

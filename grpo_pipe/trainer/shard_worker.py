@@ -228,18 +228,18 @@ def _base_model(module: Any) -> Any:
     return getter() if callable(getter) else module
 
 
-def deal(plan: BatchPlan, micro_batch_size: int, world_size: int, pad_id: int) -> list[BatchPlan]:
-    """The whole batch's plan -> one per rank: the single-device micro-batches (length-sorted, cut at
-    `micro_batch_size`) dealt round-robin, each rank padded to the same count with one-sample padding
-    micro-batches. Only the last micro-batch can be short, and its rank needs no padding, so cutting a
-    rank's share at `micro_batch_size` again gives back exactly the micro-batches dealt to it."""
-    ordered = plan.active
-    chunks = [ordered[i : i + micro_batch_size] for i in range(0, len(ordered), micro_batch_size)]
+def deal(plan: BatchPlan, world_size: int, pad_id: int) -> list[BatchPlan]:
+    """The whole batch's plan -> one per rank: the single-device micro-batches dealt round-robin, each rank
+    padded to the same count with one-sample padding micro-batches (zero advantage: no gradient), so every
+    rank runs as many forward/backward passes as the others and the gradients sum to the single device's."""
+    chunks = [plan.active[cut.start : cut.stop] for cut in plan.cuts]
     slots = -(-len(chunks) // world_size)  # no work at all: no pass, no gradient, as on one device
     padding = TrainSample(prompt_ids=(pad_id,), completion_ids=(), sampling_logprobs=(), advantage=0.0, policy_version=0)
-    shares: list[list[TrainSample]] = [[] for _ in range(world_size)]
-    for index, chunk in enumerate(chunks):
-        shares[index % world_size].extend(chunk)
-    for rank, share in enumerate(shares):
-        share.extend([padding] * (slots - len(chunks[rank::world_size])))
-    return [replace(plan, active=share) for share in shares]
+    shares = []
+    for rank in range(world_size):
+        dealt = chunks[rank::world_size]
+        share = [chunk for chunk in dealt] + [[padding]] * (slots - len(dealt))
+        starts = [sum(len(c) for c in share[:i]) for i in range(len(share) + 1)]
+        shares.append(replace(plan, active=[s for chunk in share for s in chunk],
+                              cuts=[range(a, b) for a, b in zip(starts, starts[1:])]))
+    return shares

@@ -115,7 +115,7 @@ class ShardedTrainer:
         """The single-device trainer's plan of the whole batch, and each rank's share of its micro-batches."""
         t = self.template
         whole = t.plan(groups, rewards)
-        return whole, deal(whole, t.micro_batch_size, self.world_size, self.pad_id)
+        return whole, deal(whole, self.world_size, self.pad_id)
 
     def collect(self, method: str, *args: Any) -> Any:
         """Call a collective worker method on every rank; rank 0's answer."""

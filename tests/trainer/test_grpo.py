@@ -8,7 +8,7 @@ import torch
 
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.trainer.batch import collate, completion_logprobs
-from grpo_pipe.trainer.grpo import GRPOTrainer, PassCache
+from grpo_pipe.trainer.grpo import GRPOTrainer, PassCache, micro_batches
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy
 from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, Task
@@ -34,9 +34,9 @@ def _groups() -> tuple[list[RolloutGroup], list[float]]:
     return groups, rewards
 
 
-def _trainer(micro_batch_size: int, path) -> GRPOTrainer:
+def _trainer(micro_batch_size: int, path, compile: bool = False) -> GRPOTrainer:
     torch.manual_seed(0)
-    trainer = GRPOTrainer(FullFinetunePolicy(), steps=2, lr=1e-3, micro_batch_size=micro_batch_size)
+    trainer = GRPOTrainer(FullFinetunePolicy(), steps=2, lr=1e-3, micro_batch_size=micro_batch_size, compile=compile)
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     return trainer
 
@@ -49,6 +49,36 @@ def _gradients(micro_batch_size: int, path) -> dict[str, torch.Tensor]:
     assert metrics["train/active_samples"] == 8.0  # the 4 zero-advantage samples never ran
     assert metrics["train/samples"] == 12.0
     return {n: p.grad.clone() for n, p in trainer.policy.module.named_parameters() if p.grad is not None}
+
+
+def test_micro_batches_are_as_even_as_possible_and_never_a_sliver() -> None:
+    assert [len(r) for r in micro_batches(65, 64)] == [32, 33]
+    assert [len(r) for r in micro_batches(64, 64)] == [64]
+    assert [len(r) for r in micro_batches(130, 64)] == [43, 44, 43]
+    assert micro_batches(0, 64) == [] and micro_batches(1, 64) == [range(0, 1)]
+    cuts = micro_batches(1000, 7)
+    assert cuts[0].start == 0 and cuts[-1].stop == 1000 and all(a.stop == b.start for a, b in zip(cuts, cuts[1:]))
+    assert len(cuts) == 143 and {len(c) for c in cuts} <= {6, 7}
+
+
+def test_compiled_blocks_train_exactly_as_the_eager_model() -> None:
+    """trainer.compile: each decoder layer compiled in place (names unchanged); the same loss, gradients
+    gradients as eager, to fp32 rounding, over micro-batches of different shapes."""
+    path = TinyRandomModel().materialize()
+    groups, rewards = _groups()
+    eager, compiled = _trainer(3, path), _trainer(3, path, compile=True)
+    layers = compiled.policy.module.model.layers
+    assert all(layer._compiled_call_impl is not None for layer in layers)
+    assert [n for n, _ in compiled.policy.module.named_parameters()] == [n for n, _ in eager.policy.module.named_parameters()]
+    plan = eager.plan(groups, rewards)
+    assert [len(c) for c in plan.cuts] == [3, 2, 3]  # more than one shape goes through the graph
+    want, got = eager._accumulate(plan, 1.0, PassCache()), compiled._accumulate(plan, 1.0, PassCache())
+    assert got["train/loss"] == pytest.approx(want["train/loss"], rel=1e-5) and want["train/loss"] != 0.0
+    grads = [(n, p.grad) for n, p in eager.policy.module.named_parameters() if p.grad is not None]
+    assert grads and any(g.abs().max() > 0 for _, g in grads)
+    compiled_grads = dict(compiled.policy.module.named_parameters())
+    for name, grad in grads:  # fp32, fused kernels sum in another order: equal to rounding
+        torch.testing.assert_close(compiled_grads[name].grad, grad, rtol=1e-4, atol=1e-7, msg=name)
 
 
 def test_micro_batching_accumulates_the_full_batch_gradient() -> None:

@@ -84,13 +84,14 @@ def test_deal_keeps_micro_batches_and_pads_every_rank_to_the_same_count() -> Non
     groups, rewards = _groups()
     whole, shares = ShardedTrainer(FullFinetunePolicy(), world_size=2, **SETTINGS).plan(groups, rewards)
     assert len(whole.active) == 8  # group 2 carries no signal: skipped, but counted in the normaliser
-    cut = [[share.active[i : i + 3] for i in range(0, len(share.active), 3)] for share in shares]
-    assert [[len(c) for c in chunks] for chunks in cut] == [[3, 2], [3, 1]]  # chunks 3, 3, 2 dealt round-robin
-    assert cut[0] == [whole.active[0:3], whole.active[6:8]] and cut[1][0] == whole.active[3:6]
+    assert [len(c) for c in whole.cuts] == [3, 2, 3]  # 8 at micro-batch 3: as even as possible, no sliver
+    cut = [[share.active[c.start : c.stop] for c in share.cuts] for share in shares]
+    assert [[len(c) for c in chunks] for chunks in cut] == [[3, 3], [2, 1]]  # chunks dealt round-robin, rank 1 padded
+    assert cut[0] == [whole.active[0:3], whole.active[5:8]] and cut[1][0] == whole.active[3:5]
     assert cut[1][1][0].completion_ids == () and cut[1][1][0].advantage == 0.0  # rank 1 pads: an empty completion
     assert all(share.normaliser == whole.normaliser == 12 for share in shares)  # the whole batch's, on every rank
-    empty = replace(whole, active=[])
-    assert [s.active for s in deal(empty, micro_batch_size=4, world_size=3, pad_id=0)] == [[], [], []]  # no pass at all
+    empty = replace(whole, active=[], cuts=[])
+    assert [s.active for s in deal(empty, world_size=3, pad_id=0)] == [[], [], []]  # no pass at all
 
 
 def test_unknown_setting_is_a_config_error_naming_what_is_allowed() -> None:
