@@ -56,6 +56,10 @@ class ShardedTrainer:
                 f"trainer.world_size={world_size} and trainer.cpus_per_rank={cpus_per_rank} must be >= 1, "
                 f"trainer.gpus_per_rank={gpus_per_rank} >= 0"
             ])
+        if settings.get("compile") is True:
+            raise ConfigError(["trainer.compile=true: not with trainer=fsdp (compiling sharded layers is not supported "
+                               "here yet); allowed: false, auto (= false for the sharded trainer)"])
+        settings["compile"] = False
         self.template = GRPOTrainer(policy, **_known_settings(settings))  # checks every single-device setting
         self.world_size = world_size
         self.compute_dtype = compute_dtype
