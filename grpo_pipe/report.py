@@ -26,8 +26,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from mlflow.tracking import MlflowClient
 
-    from grpo_pipe.tracking.comparison import ARTIFACT_DIR, find_parent, write_comparison
+    from grpo_pipe.tracking.comparison import ARTIFACT_DIR, write_comparison
     from grpo_pipe.tracking.mlflow_tracker import describe_store, resolve_tracking_uri
+    from grpo_pipe.tracking.sweep_runs import find_parent
 
     uri = resolve_tracking_uri(args.tracking_uri)
     client = MlflowClient(tracking_uri=uri)

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.tracking.comparison import SYNC_PHASES, ChildResult
+from grpo_pipe.tracking.sweep_runs import SYNC_PHASES, ChildResult
 
 DPI = 110
 

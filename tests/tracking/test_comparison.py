@@ -9,9 +9,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from grpo_pipe import report
-from grpo_pipe.tracking.comparison import find_parent, read_children, table_rows, write_comparison
+from grpo_pipe.tracking.comparison import table_rows, write_comparison
 from grpo_pipe.tracking.mlflow_tracker import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND, MlflowTracker
 from grpo_pipe.tracking.run_tags import run_tags
+from grpo_pipe.tracking.sweep_runs import find_parent, read_children
 
 # Three bridges of one sweep: step -> (reward, sync phases), and a final accuracy each; lora is best.
 BRIDGES = {"reload": 0.25, "lora": 0.75, "nccl": 0.5}

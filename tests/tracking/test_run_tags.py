@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from grpo_pipe.run_state import RunSettings, objective_problem
-from grpo_pipe.tracking.comparison import parse_overrides
 from grpo_pipe.tracking.run_tags import run_tags
+from grpo_pipe.tracking.sweep_runs import parse_overrides
 
 
 def test_run_tags_name_commit_command_overrides_and_choices() -> None:

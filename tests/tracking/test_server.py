@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from grpo_pipe.tracking.comparison import find_parent
+from grpo_pipe.tracking.sweep_runs import find_parent
 from tests.conftest import REPO, TINY
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
