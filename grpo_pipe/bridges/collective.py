@@ -82,12 +82,15 @@ def pack(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
 
 
 def unpack(flat: torch.Tensor, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
-    out, offset = [], 0
+    """Named views, one per tensor of `bucket`, into its flat buffer: typed as the bucket (a broadcast's
+    receive buffer) or raw bytes (a shared-memory mapping), which are viewed as the bucket's dtype first."""
+    values = flat.view(getattr(torch, bucket.dtype)) if flat.dtype == torch.uint8 else flat  # [bucket.numel]
+    views, offset = [], 0
     for spec in bucket.specs:
-        n = int(torch.Size(spec.shape).numel())
-        out.append((spec.name, flat[offset : offset + n].view(spec.shape)))
-        offset += n
-    return out
+        numel = int(torch.Size(spec.shape).numel())
+        views.append((spec.name, values[offset : offset + numel].view(spec.shape)))
+        offset += numel
+    return views
 
 
 def host_store(host: str, timeout_s: float, world_size: int) -> TCPStore:

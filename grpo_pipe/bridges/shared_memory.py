@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from grpo_pipe import env
-from grpo_pipe.bridges.collective import Bucket
+from grpo_pipe.bridges.collective import Bucket, unpack
 
 
 def _hex(raw: bytes | None) -> str | None:
@@ -58,24 +58,12 @@ def open_handle(handle: Mapping[str, Any]) -> torch.Tensor:
     )
 
 
-def bucket_views(flat: torch.Tensor, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:
-    """Typed views, one per tensor of `bucket`, into its flat byte buffer."""
-    dtype = getattr(torch, bucket.dtype)
-    values = flat.view(dtype)  # [bucket.numel]
-    views, offset = [], 0
-    for spec in bucket.specs:
-        numel = int(torch.Size(spec.shape).numel())
-        views.append((spec.name, values[offset : offset + numel].view(spec.shape)))
-        offset += numel
-    return views
-
-
 def map_buckets(handles: Sequence[Mapping[str, Any]], wire_plan: Sequence[dict[str, Any]]
                 ) -> tuple[list[torch.Tensor], list[tuple[str, torch.Tensor]]]:
     """Map the buffers another process described and cut them into named tensors, as `SharedBuckets`
     laid them out. Returns the mapped buffers (keep them: they hold the mappings open) and the views."""
     flats = [open_handle(h) for h in handles]
-    views = [v for flat, wire in zip(flats, wire_plan) for v in bucket_views(flat, Bucket.from_wire(wire))]
+    views = [v for flat, wire in zip(flats, wire_plan) for v in unpack(flat, Bucket.from_wire(wire))]
     return flats, views
 
 
@@ -132,7 +120,7 @@ class SharedBuckets:
                 path = str(self._folder / f"bucket{index}")
                 self._paths.append(path)
                 self.flats.append(torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8))
-        self.views = [v for flat, bucket in zip(self.flats, self.buckets) for _, v in bucket_views(flat, bucket)]
+        self.views = [v for flat, bucket in zip(self.flats, self.buckets) for _, v in unpack(flat, bucket)]
 
     @property
     def nbytes(self) -> int:

@@ -1,7 +1,9 @@
 """The sweep comparison's pictures (matplotlib, Agg: no display needed) and the one HTML page holding them.
 
-Plots: reward and eval curves overlaid per child; a stacked bar of the sync time's phases per child;
-throughput per child; and, when the reward has terms (reward-weight sweeps), each term per child.
+Plots: reward and eval curves overlaid per child; the held-out score against wall-clock minutes (which
+configuration learns fastest per minute); a stacked bar of the sync time's phases per child; throughput per
+child; and, when the reward has terms (reward-weight sweeps), each term per child. Time charts whose values
+span a decade or more (a checkpoint sync beside an in-memory one) are drawn on a log scale.
 The page embeds the PNGs (base64), so it shows whole wherever it is opened: a file, or an MLflow server.
 """
 
@@ -31,6 +33,7 @@ def write_plots(children: Sequence[ChildResult], folder: Path) -> dict[str, Path
     """Every plot that has data, by title; the files are PNGs in `folder`."""
     plots = {
         "Reward and evaluation per run": _curves(children, folder / "curves.png"),
+        "Held-out score against wall-clock time": _score_by_time(children, folder / "score_by_time.png"),
         "Sync time per push, by phase (median)": _sync_breakdown(children, folder / "sync_breakdown.png"),
         "Throughput per run (median)": _throughput(children, folder / "throughput.png"),
         "Reward terms per run": _reward_terms(children, folder / "reward_terms.png"),
@@ -51,13 +54,34 @@ def _curves(children: Sequence[ChildResult], path: Path) -> Path:
     return _save(fig, path)
 
 
+def _score_by_time(children: Sequence[ChildResult], path: Path) -> Path | None:
+    """Each child's evaluations against the minutes since it started: per step, a slow run can look as good as
+    a fast one; per minute it does not."""
+    eval_key = _eval_key(children)
+    if not any(len(c.clock.get(eval_key, [])) > 1 for c in children):
+        return None  # evaluated once or never: no curve to draw
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for child in children:
+        _line(ax, child.clock.get(eval_key, []), child.label)
+    ax.set(title=f"{eval_key} against wall-clock time", xlabel="minutes since the run started (set-up included)")
+    ax.legend(fontsize=8, loc="best")
+    return _save(fig, path)
+
+
+def spans_decades(values: Sequence[float | None]) -> bool:
+    """Positive values whose largest is at least ten times the smallest: on a linear axis the small ones vanish."""
+    positive = [v for v in values if v is not None and v > 0]
+    return len(positive) > 1 and max(positive) >= 10 * min(positive)
+
+
 def _eval_key(children: Sequence[ChildResult]) -> str:
     """The first child's objective when it is an evaluation metric, else the configured eval score."""
     objective = children[0].objective
     return objective if objective.startswith("eval/") else "eval/score"
 
 
-def _line(ax: Any, points: Sequence[tuple[int, float]], label: str) -> None:
+def _line(ax: Any, points: Sequence[tuple[float, float]], label: str) -> None:
     if points:
         ax.plot([s for s, _ in points], [v for _, v in points], marker="o", markersize=3, label=label)
 
@@ -80,7 +104,10 @@ def _sync_breakdown(children: Sequence[ChildResult], path: Path) -> Path | None:
     if any(p is not None for p in pauses):
         ax.scatter(labels, [p or 0.0 for p in pauses], marker="_", s=600, color="black", zorder=3,
                    label="pause_s (generation unavailable)")
-    ax.set(ylabel="seconds", title="sync/total_s by phase")
+    log_scale = spans_decades([c.median("sync/total_s") for c in children])
+    if log_scale:
+        ax.set_yscale("log")
+    ax.set(ylabel="seconds" + (" (log scale)" if log_scale else ""), title="sync/total_s by phase")
     ax.legend(fontsize=8)
     ax.tick_params(axis="x", labelrotation=20, labelsize=8)
     return _save(fig, path)
@@ -93,7 +120,10 @@ def _throughput(children: Sequence[ChildResult], path: Path) -> Path:
     tok_ax.bar(labels, [c.median("rollout/tokens_per_s") or 0.0 for c in children], color="tab:green")
     tok_ax.set(title="rollout/tokens_per_s", ylabel="tokens / s")
     step_ax.bar(labels, [c.median("time/step_s") or 0.0 for c in children], color="tab:purple")
-    step_ax.set(title="time/step_s", ylabel="seconds")
+    log_scale = spans_decades([c.median("time/step_s") for c in children])
+    if log_scale:
+        step_ax.set_yscale("log")
+    step_ax.set(title="time/step_s", ylabel="seconds" + (" (log scale)" if log_scale else ""))
     for ax in (tok_ax, step_ax):
         ax.tick_params(axis="x", labelrotation=20, labelsize=8)
     return _save(fig, path)

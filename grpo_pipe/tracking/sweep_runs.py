@@ -30,6 +30,7 @@ class ChildResult:
     direction: str
     last: dict[str, float]  # latest value of every metric
     curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # key -> [(step, value)]
+    clock: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # key -> [(minutes since start, value)]
     label: str = ""  # the swept values that tell it apart, set once all children are known
 
     def median(self, key: str) -> float | None:
@@ -108,9 +109,11 @@ def _child(client: Any, run: Any) -> ChildResult:
     wanted = {"train/reward/mean", "eval/score", objective, "time/step_s", "rollout/tokens_per_s",
               "memory/trainer_peak_gib", "system/system_memory_usage_megabytes"}
     wanted |= {k for k in last if k.startswith("sync/") or k.startswith("train/reward/")}
+    started_ms = run.info.start_time or 0
     for key in sorted(wanted & set(last)):
         history = client.get_metric_history(run.info.run_id, key)
         child.curves[key] = sorted((m.step, m.value) for m in history)
+        child.clock[key] = sorted(((m.timestamp - started_ms) / 60_000, m.value) for m in history)
     return child
 
 

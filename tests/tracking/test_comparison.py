@@ -10,6 +10,7 @@ from mlflow.tracking import MlflowClient
 
 from grpo_pipe import report
 from grpo_pipe.tracking.comparison import table_rows, write_comparison
+from grpo_pipe.tracking.comparison_plots import spans_decades
 from grpo_pipe.tracking.mlflow_tracker import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND, MlflowTracker
 from grpo_pipe.tracking.run_tags import run_tags
 from grpo_pipe.tracking.sweep_runs import find_parent, read_children
@@ -45,6 +46,22 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[MlflowClient, str, 
     return client, tracker.parent_run_id or "", sweep_dir
 
 
+def test_children_carry_their_evaluations_against_minutes_since_their_start(sweep) -> None:
+    client, parent_id, _ = sweep
+    lora = read_children(client, parent_id)[1]
+    run = client.get_run(lora.run_id)
+    history = client.get_metric_history(lora.run_id, "eval/accuracy")
+    want = sorted(((m.timestamp - run.info.start_time) / 60_000, m.value) for m in history)
+    assert lora.clock["eval/accuracy"] == want and [v for _, v in want] == [0.0, 0.75]
+    assert all(minutes >= 0 for minutes, _ in want)
+
+
+def test_time_charts_go_to_a_log_scale_only_when_values_span_a_decade() -> None:
+    assert spans_decades([0.012, 0.03, 4.1])  # in-memory bridges beside a checkpoint sync
+    assert not spans_decades([0.5, 1.2, 3.0])
+    assert not spans_decades([None, 0.0, 2.0])  # nothing to compare a single positive value with
+
+
 def test_the_comparison_has_a_row_per_child_plots_page_params_and_the_best(sweep, tmp_path: Path) -> None:
     client, parent_id, _ = sweep
     write_comparison(client, parent_id)
@@ -60,13 +77,14 @@ def test_the_comparison_has_a_row_per_child_plots_page_params_and_the_best(sweep
     assert lora["reward_last_quarter"] == 0.75 and "weight_bridge=lora" in lora["overrides"]
 
     files = {f.path for f in client.list_artifacts(parent_id, "comparison")}
-    pngs = {"curves.png", "sync_breakdown.png", "throughput.png", "reward_terms.png"}
+    pngs = {"curves.png", "score_by_time.png", "sync_breakdown.png", "throughput.png", "reward_terms.png"}
     assert files == {f"comparison/{name}" for name in pngs | {"comparison.json", "comparison.html"}}
     for name in pngs:
         assert Path(client.download_artifacts(parent_id, f"comparison/{name}", str(tmp_path))).read_bytes()[:8] == (
             b"\x89PNG\r\n\x1a\n")
     page = Path(client.download_artifacts(parent_id, "comparison/comparison.html", str(tmp_path))).read_text()
-    assert page.count("data:image/png;base64,") == 4 and "<b>weight_bridge=lora</b>" in page
+    assert page.count("data:image/png;base64,") == 5 and "<b>weight_bridge=lora</b>" in page
+    assert "Held-out score against wall-clock time" in page
 
     parent = client.get_run(parent_id)
     assert parent.data.params == {"weight_bridge": "reload,lora,nccl"}  # only the key that differs
