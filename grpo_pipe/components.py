@@ -7,7 +7,6 @@ at once, before any model or engine loads.
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 
@@ -23,13 +22,13 @@ from grpo_pipe.interfaces import (
     RecordsRequestTimestamps,
     Reward,
     RolloutEngine,
+    RolloutSourceFactory,
     TaskSource,
     Tracker,
     Trainer,
     WeightBridge,
     reads_request_timestamps,
 )
-from grpo_pipe.rollout.scheduler import RolloutScheduler
 from grpo_pipe.run_state import RunSettings
 
 log = logging.getLogger(__name__)
@@ -54,7 +53,7 @@ class Components:
     curriculum: Curriculum
     trainer: Trainer
     rollout: RolloutEngine  # as the placement placed it: the engine itself, or a handle to replicas
-    rollout_scheduler: functools.partial[RolloutScheduler]  # completed by the recipe (engine, tasks, prompts)
+    rollout_scheduler: RolloutSourceFactory  # completed by the recipe (engine, tasks, prompts)
     weight_bridge: WeightBridge
     placement: Placement
     logger: Tracker

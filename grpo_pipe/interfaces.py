@@ -15,11 +15,13 @@ import torch
 from grpo_pipe.types import (
     Completion,
     GeneratedBatch,
+    Ledger,
     LossStats,
     RewardOutput,
     RolloutGroup,
     SamplingSettings,
     SyncStats,
+    TakenBatch,
     Task,
 )
 
@@ -322,6 +324,48 @@ class Curriculum(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class RolloutSource(Protocol):
+    """Keeps the engine generating the batches the trainer takes next, within a staleness bound; every group
+    it submits ends trained, dropped or in flight (`ledger`)."""
+
+    max_staleness: int  # policy versions a trained sample may lag the trainer (0 = the synchronous loop)
+    stale_policy: str  # pace (submit only within the bound) | drop (keep the engine busy, drop what is too old)
+    ledger: Ledger
+    generation_intervals: list[tuple[float, float]]  # wall-clock spans the engine was generating
+    guard: Callable[[], Any]  # wraps every wait on the engine (a stop signal may abandon it)
+
+    def fill(self, trainer_version: int, pushed_version: int, steps_done: int) -> int:
+        """Submit batches while the bound allows; returns how many are in flight."""
+        ...
+
+    def take(self, trainer_version: int) -> TakenBatch:
+        """The oldest batch in flight, waited for."""
+        ...
+
+    def requeue_lost(self) -> int:
+        """After an engine restart: submit again what it lost; returns the batches re-issued."""
+        ...
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    def restore(self, snapshot: Mapping[str, Any], tasks_by_uid: Mapping[str, Task]) -> None: ...
+
+
+@runtime_checkable
+class RolloutSourceFactory(Protocol):
+    """The `rollout_scheduler` config group: a `_partial_` whose settings (`keywords`, e.g. max_staleness) are
+    known, and checked, before the engine and the data exist; the recipe completes it with them."""
+
+    keywords: Mapping[str, Any]
+
+    def __call__(
+        self, engine: RolloutEngine, next_batch: Callable[[], list[tuple[Task, int]]],
+        render: Callable[[Task], tuple[int, ...]], sampling: SamplingSettings, *, total_steps: int,
+        prompt_limit: int | None, overlong_prompts: str,
+    ) -> RolloutSource: ...
 
 
 @runtime_checkable

@@ -24,15 +24,14 @@ from grpo_pipe.components import Components
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.data.rows import bad_rows_problem
 from grpo_pipe.held_out import HeldOutEvaluation
-from grpo_pipe.interfaces import HasSourceFiles, TriesOnTasks
+from grpo_pipe.interfaces import HasSourceFiles, RolloutSource, TriesOnTasks
 from grpo_pipe.models.custom_code import loader_options
 from grpo_pipe.progress import StepProgress, format_metrics
 from grpo_pipe.prompts import render_prompt
 from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
-from grpo_pipe.rollout.scheduler import Ledger, RolloutScheduler, TakenBatch
 from grpo_pipe.step_recorder import MismatchWatch, StepRecorder
 from grpo_pipe.stopping import GenerationInterrupted, StopRequest
-from grpo_pipe.types import RolloutGroup, SamplingSettings, SyncStats, Task
+from grpo_pipe.types import Ledger, RolloutGroup, SamplingSettings, SyncStats, TakenBatch, Task
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +86,7 @@ class GRPORecipe:
 
         seed = settings.seed if settings.seeded_sampling else None
         self.sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens, seed)
-        self.scheduler: RolloutScheduler = p.rollout_scheduler(
+        self.scheduler: RolloutSource = p.rollout_scheduler(
             self.engine, p.curriculum.next_batch, render, self.sampling, total_steps=p.trainer.steps,
             prompt_limit=self.engine.max_model_len - settings.max_new_tokens, overlong_prompts=settings.overlong_prompts,
         )

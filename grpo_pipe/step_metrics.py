@@ -7,11 +7,12 @@ from typing import Any
 
 import torch
 
-from grpo_pipe.rollout.scheduler import RolloutScheduler, TakenBatch, covered_seconds, overlap_seconds
-from grpo_pipe.types import RewardOutput, RolloutGroup
+from grpo_pipe.interfaces import RolloutSource
+from grpo_pipe.rollout.scheduler import covered_seconds, overlap_seconds
+from grpo_pipe.types import RewardOutput, RolloutGroup, TakenBatch
 
 
-def async_metrics(taken: TakenBatch, dropped: int, scheduler: RolloutScheduler) -> dict[str, float]:
+def async_metrics(taken: TakenBatch, dropped: int, scheduler: RolloutSource) -> dict[str, float]:
     metrics = {
         "async/staleness_mean": sum(taken.staleness) / len(taken.staleness),
         "async/staleness_max": float(max(taken.staleness)),
@@ -27,7 +28,7 @@ def async_metrics(taken: TakenBatch, dropped: int, scheduler: RolloutScheduler) 
 
 
 def overlap_summary(
-    scheduler: RolloutScheduler, train_spans: Sequence[tuple[float, float]], wait_s: float, loop_s: float
+    scheduler: RolloutSource, train_spans: Sequence[tuple[float, float]], wait_s: float, loop_s: float
 ) -> dict[str, float]:
     """How much generation and training ran at the same time, over the whole loop."""
     train_s = covered_seconds(train_spans)

@@ -11,8 +11,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from grpo_pipe import step_metrics
-from grpo_pipe.rollout.scheduler import RolloutScheduler, TakenBatch
-from grpo_pipe.types import RewardOutput, RolloutGroup, SyncStats
+from grpo_pipe.interfaces import RolloutSource
+from grpo_pipe.types import RewardOutput, RolloutGroup, SyncStats, TakenBatch
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class StepRecorder:
         """A batch came back from the scheduler (also one whose every group was dropped)."""
         self.wait_s += taken.wait_s
 
-    def rollouts(self, taken: TakenBatch, dropped: int, scheduler: RolloutScheduler, trainer_version: int) -> None:
+    def rollouts(self, taken: TakenBatch, dropped: int, scheduler: RolloutSource, trainer_version: int) -> None:
         """The batch trained on this step; `dropped` counts groups discarded as too stale on the way."""
         completions = [c for g in taken.groups for c in g.completions]
         self.on_policy = all(c.policy_version == trainer_version and not c.version_switches for c in completions)
@@ -127,7 +127,7 @@ class StepRecorder:
         self.step_rewards.append(metrics["train/reward/mean"])
         return metrics
 
-    def summary(self, scheduler: RolloutScheduler, loop_s: float) -> dict[str, float]:
+    def summary(self, scheduler: RolloutSource, loop_s: float) -> dict[str, float]:
         """The end-of-run numbers: reward quarters, generation/training overlap, in-flight updates."""
         return {
             **step_metrics.quarter_summary(self.step_rewards),

@@ -158,3 +158,29 @@ class LossStats:
     ratio_max: float = 1.0  # the largest ratio the clip saw
     is_weight_sum: float | None = None  # truncated importance weights; None = no weights (1 per token)
     is_truncated: float = 0.0  # tokens whose importance weight the cap cut
+
+
+@dataclass(frozen=True)
+class TakenBatch:
+    """The next batch to train on, and what it took to get it."""
+
+    groups: list[RolloutGroup]  # the groups to train on (stale ones removed under `drop`)
+    staleness: list[int]  # [len(groups)] policy versions each group's weights lag the trainer's
+    dropped: list[tuple[str, int]]  # (task uid, staleness) of groups discarded as too stale
+    generated: GeneratedBatch
+    wait_s: float  # how long the trainer waited for it
+    engine_gap_s: float  # how long the engine sat idle between the previous batch and this one
+    queue_depth: int  # batches in flight when it was taken (itself included)
+
+
+@dataclass
+class Ledger:
+    """Where every submitted group went. `trained + dropped + in_flight == submitted`, always."""
+
+    submitted: int = 0
+    trained: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)  # reason -> groups
+    in_flight: int = 0
+
+    def balanced(self) -> bool:
+        return self.trained + sum(self.dropped.values()) + self.in_flight == self.submitted

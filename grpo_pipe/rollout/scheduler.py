@@ -23,13 +23,13 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import PendingRollout, RolloutEngine
 from grpo_pipe.stopping import GenerationInterrupted
-from grpo_pipe.types import GeneratedBatch, RolloutGroup, SamplingSettings, Task, derive_seed
+from grpo_pipe.types import Ledger, RolloutGroup, SamplingSettings, TakenBatch, Task, derive_seed
 
 StalePolicy = Literal["pace", "drop"]
 log = logging.getLogger(__name__)
@@ -50,33 +50,9 @@ class _InFlight:
     pending: PendingRollout
 
 
-@dataclass(frozen=True)
-class TakenBatch:
-    """The next batch to train on, and what it took to get it."""
-
-    groups: list[RolloutGroup]  # the groups to train on (stale ones removed under `drop`)
-    staleness: list[int]  # [len(groups)] policy versions each group's weights lag the trainer's
-    dropped: list[tuple[str, int]]  # (task uid, staleness) of groups discarded as too stale
-    generated: GeneratedBatch
-    wait_s: float  # how long the trainer waited for it
-    engine_gap_s: float  # how long the engine sat idle between the previous batch and this one
-    queue_depth: int  # batches in flight when it was taken (itself included)
-
-
-@dataclass
-class Ledger:
-    """Where every submitted group went. `trained + dropped + in_flight == submitted`, always."""
-
-    submitted: int = 0
-    trained: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)  # reason -> groups
-    in_flight: int = 0
-
-    def balanced(self) -> bool:
-        return self.trained + sum(self.dropped.values()) + self.in_flight == self.submitted
-
-
 class RolloutScheduler:
+    """The `rollout_scheduler` component (`RolloutSource` in interfaces): see the module's description."""
+
     def __init__(
         self,
         engine: RolloutEngine,

@@ -73,7 +73,7 @@ def compile_blocks(module: torch.nn.Module) -> int:
     names, and so checkpoints and weight bridges, are the model's. Shapes change every micro-batch (batch and
     length), so the graph is traced with symbolic sizes from the start."""
     lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
-    blocks: Sequence[torch.nn.Module] = max(lists, key=len) if lists else [module]
+    blocks: list[torch.nn.Module] = list(max(lists, key=len)) if lists else [module]
     for block in blocks:
         block.compile(dynamic=True)
     return len(blocks)

@@ -5,6 +5,7 @@ import logging
 import pytest
 from mlflow.tracking import MlflowClient
 
+from grpo_pipe.interfaces import RolloutSource
 from grpo_pipe.pipeline import JobContext, run
 from grpo_pipe.rollout.scheduler import MAX_EMPTY_BATCHES, NoTaskFits, RolloutScheduler, covered_seconds, overlap_seconds
 from grpo_pipe.types import Completion, GeneratedBatch, RequestTelemetry, SamplingSettings, Task
@@ -73,6 +74,10 @@ def _scheduler(question_lengths: list[int], limit: int) -> RolloutScheduler:
         _EchoEngine(), next_batch, lambda task: tuple(range(len(task.question))), SamplingSettings(max_tokens=4),
         total_steps=10, max_staleness=0, stale_policy="pace", prompt_limit=limit,
     )
+
+
+def test_the_scheduler_is_the_rollout_source_the_recipe_types_it_as() -> None:
+    assert isinstance(_scheduler([5, 6], limit=10), RolloutSource)
 
 
 def test_a_step_where_no_prompt_fits_is_an_error_with_one_warning_per_batch(caplog) -> None:
