@@ -34,9 +34,10 @@ def _groups() -> tuple[list[RolloutGroup], list[float]]:
     return groups, rewards
 
 
-def _trainer(micro_batch_size: int, path, compile: bool = False) -> GRPOTrainer:
+def _trainer(micro_batch_size: int, path, compile: bool = False, lora: bool = False) -> GRPOTrainer:
     torch.manual_seed(0)
-    trainer = GRPOTrainer(FullFinetunePolicy(), steps=2, lr=1e-3, micro_batch_size=micro_batch_size, compile=compile)
+    policy = LoraPolicy(rank=4) if lora else FullFinetunePolicy()
+    trainer = GRPOTrainer(policy, steps=2, lr=1e-3, micro_batch_size=micro_batch_size, compile=compile)
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     return trainer
 
@@ -61,13 +62,14 @@ def test_micro_batches_are_as_even_as_possible_and_never_a_sliver() -> None:
     assert len(cuts) == 143 and {len(c) for c in cuts} <= {6, 7}
 
 
-def test_compiled_blocks_train_exactly_as_the_eager_model() -> None:
-    """trainer.compile: each decoder layer compiled in place (names unchanged); the same loss, gradients
-    gradients as eager, to fp32 rounding, over micro-batches of different shapes."""
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_compiled_blocks_train_exactly_as_the_eager_model(lora: bool) -> None:
+    """trainer.compile: each decoder layer compiled in place (names unchanged); the same loss and
+    gradients as eager, to fp32 rounding, for a full fine-tune and a LoRA adapter, over micro-batches of different shapes."""
     path = TinyRandomModel().materialize()
     groups, rewards = _groups()
-    eager, compiled = _trainer(3, path), _trainer(3, path, compile=True)
-    layers = compiled.policy.module.model.layers
+    eager, compiled = _trainer(3, path, lora=lora), _trainer(3, path, compile=True, lora=lora)
+    layers = max((m for m in compiled.policy.module.modules() if isinstance(m, torch.nn.ModuleList)), key=len)
     assert all(layer._compiled_call_impl is not None for layer in layers)
     assert [n for n, _ in compiled.policy.module.named_parameters()] == [n for n, _ in eager.policy.module.named_parameters()]
     plan = eager.plan(groups, rewards)
