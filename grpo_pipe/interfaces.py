@@ -145,6 +145,26 @@ class WorkerRpcEngine(Protocol):
 
 
 @runtime_checkable
+class LocalEngine(InProcessModelEngine, WorkerRpcEngine, Protocol):
+    """An engine on the trainer's machine: its model lives in this process, or in an engine process that maps
+    memory the trainer shares with it. What `reload`, `ipc` and LoRA adapters handed over in memory ask for;
+    an engine behind Ray, on other machines, is none."""
+
+    @property
+    def device_ids(self) -> str | None: ...  # GPUs of an engine process of its own: set = not the trainer's device
+
+    @property
+    def on_gpu(self) -> bool: ...
+
+    @property
+    def enable_sleep_mode(self) -> bool: ...
+
+    def call_workers_in_process(self, fn: Callable[[Any], Any]) -> Any:
+        """Call `fn(worker)` on the worker of an engine in this process; its result as is (tensors included)."""
+        ...
+
+
+@runtime_checkable
 class AdapterEngine(Protocol):
     """An engine that serves LoRA adapters loaded while it runs."""
 
@@ -171,6 +191,13 @@ class Policy(Protocol):
     def save_pretrained(self, path: Path, dtype: torch.dtype | None = None) -> None:
         """A full Hugging Face checkpoint (LoRA merged), cast to `dtype` when given."""
         ...
+
+
+@runtime_checkable
+class ModulePolicy(Policy, Protocol):
+    """A policy whose model is one module the trainer updates in place (with `AdapterPolicy`: an adapter on it)."""
+
+    module: torch.nn.Module | None  # None until loaded
 
 
 @runtime_checkable

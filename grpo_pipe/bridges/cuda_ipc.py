@@ -23,8 +23,7 @@ import torch
 
 from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.shared_memory import engine_views, open_handle
-from grpo_pipe.rollout.vllm_engine import VllmEngine
-from grpo_pipe.trainer.policy import FullFinetunePolicy
+from grpo_pipe.interfaces import AdapterPolicy, LocalEngine, ModulePolicy
 from grpo_pipe.types import SyncStats
 
 
@@ -35,7 +34,7 @@ def _engine_model(worker: Any) -> Any:
 class CudaIpcBridge:
     def __init__(self, sync_every: int = 1) -> None:
         self.sync_every = check_sync_every(sync_every)
-        self.engine: VllmEngine | None = None
+        self.engine: LocalEngine | None = None
         self.shared_bytes = 0
         self._engine_tensors: dict[str, torch.Tensor] = {}  # keeps the mapped engine storage open
 
@@ -46,7 +45,7 @@ class CudaIpcBridge:
                 "weight_bridge=ipc needs a CUDA GPU (trainer and engine share one copy of the weights in GPU "
                 "memory); on this machine use weight_bridge=reload, lora, nccl or checkpoint"
             )
-        if not isinstance(engine, VllmEngine) or engine.device_ids is not None:
+        if not isinstance(engine, LocalEngine) or engine.device_ids is not None:
             problems.append(
                 "weight_bridge=ipc needs a vLLM engine on the trainer's GPU (placement=colocated, rollout.device_ids=null)"
             )
@@ -54,14 +53,14 @@ class CudaIpcBridge:
             problems.append(
                 "weight_bridge=ipc cannot use rollout.enable_sleep_mode=true: a sleeping engine would free the trainer's weights"
             )
-        if not isinstance(policy, FullFinetunePolicy):
+        if not isinstance(policy, ModulePolicy) or isinstance(policy, AdapterPolicy):
             problems.append(f"weight_bridge=ipc needs policy=full, got {type(policy).__name__}")
         return problems
 
     def engine_options(self) -> dict[str, Any]:
         return {}
 
-    def connect(self, engine: VllmEngine, policy: FullFinetunePolicy) -> None:
+    def connect(self, engine: LocalEngine, policy: ModulePolicy) -> None:
         module = policy.module
         if module is None:
             raise RuntimeError("policy must be loaded before the ipc bridge connects")
@@ -78,7 +77,7 @@ class CudaIpcBridge:
         self.engine = engine
 
     @staticmethod
-    def _engine_weights(engine: VllmEngine) -> tuple[dict[str, torch.Tensor], dict[str, list[str]]]:
+    def _engine_weights(engine: LocalEngine) -> tuple[dict[str, torch.Tensor], dict[str, list[str]]]:
         """The engine's parameters as tensors of this process, and vLLM's fused-module mapping."""
         if engine.in_process:
             model = engine.call_workers_in_process(_engine_model)

@@ -31,8 +31,7 @@ from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.files import folder_bytes, replace_atomically
 from grpo_pipe.bridges.shared_memory import SharedBuckets
 from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.interfaces import AdapterEngine, AdapterPolicy
-from grpo_pipe.rollout.vllm_engine import VllmEngine
+from grpo_pipe.interfaces import AdapterEngine, AdapterPolicy, LocalEngine
 from grpo_pipe.types import SyncStats
 
 TRANSPORTS = ("auto", "memory", "folder")
@@ -122,7 +121,7 @@ class LoraHotSwapBridge:
     @staticmethod
     def _memory_capable(engine: object) -> bool:
         # CUDA IPC maps memory of another process only: a GPU engine in this process takes the folder.
-        return isinstance(engine, VllmEngine) and engine.device_ids is None and not (engine.in_process and engine.on_gpu)
+        return isinstance(engine, LocalEngine) and engine.device_ids is None and not (engine.in_process and engine.on_gpu)
 
     def check(self, engine: object, policy: object) -> list[str]:
         problems = []

@@ -22,8 +22,7 @@ from grpo_pipe.bridges.collective import plan_buckets
 from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.shared_memory import SharedBuckets
 from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.interfaces import Policy
-from grpo_pipe.rollout.vllm_engine import VllmEngine
+from grpo_pipe.interfaces import LocalEngine, Policy
 from grpo_pipe.types import SyncStats
 
 log = logging.getLogger(__name__)
@@ -35,12 +34,12 @@ class ReloadBridge:
             raise ConfigError([f"weight_bridge.bucket_mb={bucket_mb}: must be >= 1"])
         self.sync_every = check_sync_every(sync_every)
         self.bucket_bytes = bucket_mb * 2**20
-        self.engine: VllmEngine | None = None
+        self.engine: LocalEngine | None = None
         self._buckets: SharedBuckets | None = None
 
     def check(self, engine: object, policy: object) -> list[str]:
         """Problems with this engine, reported with the rest of the config errors."""
-        if not isinstance(engine, VllmEngine):
+        if not isinstance(engine, LocalEngine):
             return [(
                 f"weight_bridge=reload needs a vLLM engine on the trainer's machine (placement=colocated, rollout=vllm), "
                 f"got {type(engine).__name__}; for engines elsewhere use weight_bridge=nccl, lora or checkpoint"
@@ -55,7 +54,7 @@ class ReloadBridge:
     def engine_options(self) -> dict[str, Any]:
         return {}
 
-    def connect(self, engine: VllmEngine, policy: Policy) -> None:  # `check` refused any other engine
+    def connect(self, engine: LocalEngine, policy: Policy) -> None:  # `check` refused any other engine
         self.engine = engine
         if engine.in_process:
             return

@@ -5,10 +5,21 @@ from pathlib import Path
 
 import torch
 
+from grpo_pipe.interfaces import AdapterEngine, InProcessModelEngine, LocalEngine, RolloutEngine, WorkerRpcEngine
 from grpo_pipe.models.tiny_random import TinyRandomModel
+from grpo_pipe.rollout.ray_engine import RayEngineFleet
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.types import SamplingSettings
 from tests.rollout.weights import other_weights
+
+
+def test_the_engine_offers_the_capabilities_bridges_ask_for_and_a_ray_fleet_not_the_local_ones() -> None:
+    engine = VllmEngine()  # construction is cheap: nothing starts before connect
+    for capability in (RolloutEngine, LocalEngine, InProcessModelEngine, WorkerRpcEngine, AdapterEngine):
+        assert isinstance(engine, capability), capability.__name__
+    fleet = RayEngineFleet(engine, lambda template: [])
+    assert isinstance(fleet, WorkerRpcEngine) and isinstance(fleet, AdapterEngine)
+    assert not isinstance(fleet, LocalEngine)  # its models live on Ray's nodes: no memory to share with them
 
 
 def test_a_seeded_batch_larger_than_one_scheduler_step_generates_and_repeats() -> None:
