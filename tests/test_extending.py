@@ -1,4 +1,4 @@
-"""The README's "Extending grpo_pipe" examples, copied verbatim into a fresh package and config folder
+"""The examples of docs/extending.md, copied verbatim into a fresh package and config folder
 outside the repository, found through Hydra's search path, and trained with for a short job."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ FILE_BLOCK = re.compile(r"```(?:python|yaml)\n# (\S+)\n(.*?)```", re.S)
 
 
 def _write_examples(root: Path) -> dict[str, Path]:
-    """Every README block of the section that opens with `# <path>`, written under `root`."""
-    section = (REPO / "README.md").read_text().split("## Extending grpo_pipe", 1)[1]
+    """Every block of docs/extending.md that opens with `# <path>`, written under `root`."""
+    section = (REPO / "docs" / "extending.md").read_text()
     written = {}
     for relative, body in FILE_BLOCK.findall(section):
         path = root / relative
