@@ -46,15 +46,15 @@ def resumed(cfg: DictConfig, job: JobContext) -> tuple[DictConfig, JobContext]:
     overrides given now on top, which the pipeline then holds to `resume_accept` as for any change."""
     from hydra import compose
 
-    from grpo_pipe.checkpointing import find_resume_checkpoint, resumed_overrides
+    from grpo_pipe.checkpointing import CorruptCheckpointError, find_resume_checkpoint, resumed_overrides
 
     try:
         found = find_resume_checkpoint(str(cfg.resume), job.output_dir.parent)
-    except FileNotFoundError as err:
+    except (FileNotFoundError, CorruptCheckpointError) as err:
         raise ConfigError([str(err)]) from None
     overrides = resumed_overrides(found.overrides(), job.overrides)
     composed = compose(config_name="config", overrides=[o for o in overrides if not o.startswith("hydra.")])
-    return composed, replace(job, overrides=tuple(overrides))
+    return composed, replace(job, overrides=tuple(overrides), resume_from=found)
 
 
 def main() -> None:
@@ -73,6 +73,7 @@ def main() -> None:
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def run_job(cfg: DictConfig) -> float:
     """Run one job; returns `run.objective` (NaN when the run did not log it) for a sweeper such as Optuna."""
+    from grpo_pipe.checkpointing import CheckpointWriteError
     from grpo_pipe.pipeline import run
 
     try:
@@ -83,6 +84,9 @@ def run_job(cfg: DictConfig) -> float:
     except ConfigError as err:
         log.error("%s", err)
         sys.exit(2)
+    except CheckpointWriteError as err:  # disk full, ...: the message says what, where, and how to continue
+        log.error("Stopped: %s", err)
+        sys.exit(1)
     if result.stopped_by is not None:  # stopped by a signal after a checkpoint: resumable, not finished
         log.warning("Stopped by %s; continue with: python -m grpo_pipe resume=%s", result.stopped_by,
                     result.resume_dir or job.output_dir)

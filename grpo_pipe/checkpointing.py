@@ -6,11 +6,18 @@ history) and `config.yaml` (the resolved config it ran with). It is written unde
 every file fsync'ed, then renamed into place and the parent folder fsync'ed: a reader sees the old
 set of checkpoints or the new one, never half of one. The newest `keep_last` are kept, plus the
 best by `best_metric`, exported as a Hugging Face folder `best/` that vLLM or transformers load.
+
+Last into the folder goes `manifest.json`: each file's size and sha256, hashed as it is written (no second
+read). Resuming checks a checkpoint against it, reading every byte once: `resume=latest` passes over one that
+fails (a file truncated, altered or missing after the rename) to the one before; a checkpoint named by
+`resume=<dir>` that fails is an error. A write that fails (disk full, file-size limit, I/O error) removes its
+temporary folder and is reported with the space a checkpoint needs and the space free.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import shutil
@@ -18,15 +25,27 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Literal, cast
 
 import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from grpo_pipe.checkpoint_manifest import ManifestedFolder, describe, fsync, manifest_problems
 from grpo_pipe.config.errors import ConfigError
 
 STEP_PREFIX = "step-"
+FILES = ("trainer.pt", "loop.json", "config.yaml")  # what every checkpoint holds, besides its manifest
+
+log = logging.getLogger(__name__)
+
+
+class CorruptCheckpointError(Exception):
+    """A checkpoint whose files do not match its manifest (torn, truncated or changed on disk)."""
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (disk full, file-size limit, I/O error); nothing of it was left behind."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +68,11 @@ class Checkpoint:
     def config_yaml(self) -> str:
         return (self.path / "config.yaml").read_text()
 
+    def problems(self) -> list[str]:
+        """What does not match the manifest, each naming its file; empty when the checkpoint is whole.
+        Reads every byte once: done when resuming, never when saving."""
+        return manifest_problems(self.path, FILES)
+
     def overrides(self) -> list[str]:
         """The command-line overrides of the job that wrote it (older checkpoints: its run's Hydra record)."""
         saved = self.loop_state().get("overrides")
@@ -67,6 +91,7 @@ class CheckpointManager:
         keep_last: int = 2,
         best_metric: str | None = "eval/accuracy",
         directory: str | None = None,
+        on_save_error: Literal["stop", "warn"] = "stop",
     ) -> None:
         if every < 0 or keep_last < 1:
             raise ConfigError([f"checkpoint.every={every} must be >= 0 and checkpoint.keep_last={keep_last} >= 1"])
@@ -74,6 +99,9 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.best_metric = best_metric  # higher is better; None = keep no best
         self.directory = directory
+        # A failed write (disk full, ...): "stop" raises CheckpointWriteError, which ends the run with its message;
+        # "warn" logs it and training goes on, so a later checkpoint may succeed once space is freed.
+        self.on_save_error = on_save_error
         self.root: Path | None = None
         self.best_value: float | None = None
 
@@ -93,23 +121,34 @@ class CheckpointManager:
     def due(self, step: int, last_step: int) -> bool:
         return step == last_step or (self.every > 0 and step % self.every == 0)
 
-    def save(self, step: int, trainer_state: Mapping[str, Any], loop_state: Mapping[str, Any], config_yaml: str) -> Checkpoint:
+    def save(
+        self, step: int, trainer_state: Mapping[str, Any], loop_state: Mapping[str, Any], config_yaml: str
+    ) -> Checkpoint | None:
+        """Write one checkpoint atomically and prune old ones. A write that fails leaves the earlier checkpoints
+        as they were and no folder of its own; it raises CheckpointWriteError (on_save_error=stop) or logs it and
+        returns None (warn)."""
         root = self._root()
-        tmp = Path(tempfile.mkdtemp(prefix=f".{STEP_PREFIX}{step:06d}.", dir=root))
+        final = root / f"{STEP_PREFIX}{step:06d}"
+        files: ManifestedFolder | None = None
         try:
-            torch.save(dict(trainer_state), tmp / "trainer.pt")
-            (tmp / "loop.json").write_text(json.dumps(loop_state, indent=1, default=_jsonable))
-            (tmp / "config.yaml").write_text(config_yaml)
-            for child in tmp.iterdir():
-                _fsync(child)
-            final = root / f"{STEP_PREFIX}{step:06d}"
+            files = ManifestedFolder(Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root)))
+            files.write("trainer.pt", lambda f: torch.save(dict(trainer_state), cast(IO[bytes], f)))  # writes, flushes
+            files.write("loop.json", lambda f: f.write(json.dumps(loop_state, indent=1, default=_jsonable).encode()))
+            files.write("config.yaml", lambda f: f.write(config_yaml.encode()))
+            files.write_manifest()  # last: a checkpoint folder holding a manifest is whole
             if final.exists():  # a re-run of the same step after a resume: replace it whole
                 shutil.rmtree(final)
-            os.rename(tmp, final)
-            _fsync(root)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            os.rename(files.folder, final)
+            fsync(root)
+        except BaseException as err:
+            if files is not None:
+                shutil.rmtree(files.folder, ignore_errors=True)
+            # torch.save reports a failed write as a RuntimeError without the errno: the file kept the OSError
+            cause = (files.error if files is not None else None) or (err if isinstance(err, OSError) else None)
+            if cause is None:
+                raise
+            self._failed(self._write_failure(final, files, cause), cause)
+            return None
         self._prune()
         return Checkpoint(final)
 
@@ -122,13 +161,21 @@ class CheckpointManager:
             return False
         root = self._root()
         tmp = Path(tempfile.mkdtemp(prefix=".best.", dir=root))
-        export(tmp)
-        (tmp / "best.json").write_text(json.dumps({self.best_metric: value}))
-        old = root / "best"
-        if old.exists():
-            shutil.rmtree(old)
-        os.rename(tmp, old)
-        _fsync(root)
+        try:
+            export(tmp)
+            (tmp / "best.json").write_text(json.dumps({self.best_metric: value}))
+            old = root / "best"
+            if old.exists():
+                shutil.rmtree(old)
+            os.rename(tmp, old)
+            fsync(root)
+        except BaseException as err:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not isinstance(err, OSError):
+                raise
+            self._failed(f"best model not exported to {root / 'best'}: {describe(err)}; "
+                         f"{shutil.disk_usage(root).free:,} bytes are free on {root}", err)
+            return False
         self.best_value = value
         return True
 
@@ -140,8 +187,32 @@ class CheckpointManager:
         found = sorted(p for p in self._root().glob(f"{STEP_PREFIX}*") if p.is_dir())
         for old in found[: -self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
-        for leftover in self._root().glob(f".{STEP_PREFIX}*"):  # temporaries of a killed writer
-            shutil.rmtree(leftover, ignore_errors=True)
+        for pattern in (f".{STEP_PREFIX}*", ".best.*"):  # temporaries of a killed writer
+            for leftover in self._root().glob(pattern):
+                shutil.rmtree(leftover, ignore_errors=True)
+
+    def _failed(self, message: str, cause: OSError) -> None:
+        if self.on_save_error == "warn":
+            log.warning("%s (checkpoint.on_save_error=warn: training goes on)", message)
+            return
+        raise CheckpointWriteError(message) from cause
+
+    def _write_failure(self, final: Path, files: ManifestedFolder | None, err: OSError) -> str:
+        """What failed, where, after how many bytes; what a checkpoint needs and what is free; how to go on."""
+        root = final.parent
+        written = files.written if files is not None else 0
+        where = f"{files.current} for {final}" if files is not None and files.current else str(final)
+        previous = self.latest()
+        if previous is not None:
+            size = sum(p.stat().st_size for p in previous.path.iterdir() if p.is_file())
+            need = f"a checkpoint takes about {size:,} bytes (the previous one)"
+            run_dir = root.parent if root.name == "checkpoints" else root  # what resume= takes (either works)
+            keep = (f"the previous checkpoint {previous.path} is intact; free space, then continue with: "
+                    f"python -m grpo_pipe resume={run_dir}")
+        else:
+            need, keep = f"a checkpoint takes more than the {written:,} bytes written", "no earlier checkpoint exists"
+        return (f"checkpoint not written: writing {where} failed after {written:,} bytes ({describe(err)}); {need}, "
+                f"{shutil.disk_usage(root).free:,} bytes are free on {root}. Its temporary folder was removed; {keep}")
 
     def _root(self) -> Path:
         if self.root is None:
@@ -151,20 +222,42 @@ class CheckpointManager:
 
 def find_resume_checkpoint(resume: str, runs_dir: Path) -> Checkpoint:
     """`resume`: a run output folder, its checkpoints folder, one checkpoint, or `latest` (the newest
-    checkpoint of any run under `runs_dir`). Raises FileNotFoundError saying what was looked for."""
+    checkpoint of any run under `runs_dir`), verified against its manifest. `latest` passes over one that
+    fails, with a warning naming it and what failed, to the one before; a folder named by the user that fails
+    raises CorruptCheckpointError naming the file (another checkpoint is never taken in its place).
+    Raises FileNotFoundError saying what was looked for."""
     if resume == "latest":
-        candidates = sorted(runs_dir.glob(f"*/checkpoints/{STEP_PREFIX}*"), key=lambda p: p.stat().st_mtime)
+        candidates = sorted((p for p in runs_dir.glob(f"*/checkpoints/{STEP_PREFIX}*") if p.is_dir()),
+                            key=lambda p: (p.stat().st_mtime, p.name))  # the name orders two saved in one clock tick
         if not candidates:
             raise FileNotFoundError(f"resume=latest: no checkpoint under {runs_dir}/*/checkpoints/")
-        return Checkpoint(candidates[-1])
+        for path in reversed(candidates):
+            problems = Checkpoint(path).problems()
+            if not problems:
+                return Checkpoint(path)
+            log.warning("resume=latest: skipping %s, which fails verification: %s; trying the checkpoint before it",
+                        path, "; ".join(problems))
+        raise CorruptCheckpointError(f"resume=latest: none of the {len(candidates)} checkpoints under "
+                                     f"{runs_dir}/*/checkpoints/ verifies (each is named in a warning above)")
     path = Path(resume)
-    if path.name.startswith(STEP_PREFIX) and (path / "trainer.pt").exists():
-        return Checkpoint(path)
+    if path.name.startswith(STEP_PREFIX) and path.is_dir():
+        return _verified(resume, Checkpoint(path), older=[])
     for folder in (path / "checkpoints", path):
-        found = sorted(p for p in folder.glob(f"{STEP_PREFIX}*") if (p / "trainer.pt").exists())
+        found = sorted(p for p in folder.glob(f"{STEP_PREFIX}*") if p.is_dir())
         if found:
-            return Checkpoint(found[-1])
+            return _verified(resume, Checkpoint(found[-1]), older=found[:-1])
     raise FileNotFoundError(f"resume={resume}: no checkpoint in {path}/checkpoints/ or {path}/")
+
+
+def _verified(resume: str, checkpoint: Checkpoint, older: Sequence[Path]) -> Checkpoint:
+    """The checkpoint if it matches its manifest; else an error naming what failed and, if one verifies, the
+    checkpoint before it (the user named this folder: which one to take instead is theirs to say)."""
+    problems = checkpoint.problems()
+    if not problems:
+        return checkpoint
+    instead = next((p for p in reversed(older) if not Checkpoint(p).problems()), None)
+    hint = f"; the checkpoint before it verifies: resume={instead}" if instead is not None else ""
+    raise CorruptCheckpointError(f"resume={resume}: {checkpoint.path} fails verification: {'; '.join(problems)}{hint}")
 
 
 def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], prefix: str = "") -> list[str]:
@@ -209,14 +302,6 @@ def restore_rng(state: Mapping[str, Any]) -> None:
 
 def _to_lists(value: Any) -> Any:
     return [_to_lists(v) for v in value] if isinstance(value, tuple) else value
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _jsonable(value: Any) -> Any:

@@ -478,7 +478,8 @@ class CheckpointStore(Protocol):
     def due(self, step: int, last_step: int) -> bool: ...
 
     def save(self, step: int, trainer_state: Mapping[str, Any], loop_state: Mapping[str, Any], config_yaml: str) -> Any:
-        """Write one checkpoint atomically; returns it (with its `path`)."""
+        """Write one checkpoint atomically; returns it (with its `path`), or None when a failed write was
+        only warned about (a failure that stops the run raises)."""
         ...
 
     def consider_best(self, metrics: Mapping[str, float], export: Callable[[Path], None]) -> bool:

@@ -14,7 +14,7 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from grpo_pipe.checkpointing import Checkpoint, config_differences, find_resume_checkpoint
+from grpo_pipe.checkpointing import Checkpoint, CorruptCheckpointError, config_differences, find_resume_checkpoint
 from grpo_pipe.components import PLAIN_KEYS, VALIDATED_GROUPS, Components, build
 from grpo_pipe.config.validate import ConfigError
 from grpo_pipe.interfaces import Tracker
@@ -36,6 +36,7 @@ class JobContext:
     sweep_dir: str | None = None
     tags: Mapping[str, str] = field(default_factory=dict)  # commit, command line, chosen options (tracking/run_tags)
     overrides: tuple[str, ...] = ()  # the job's command-line overrides, kept in every checkpoint: resume=<dir> alone continues
+    resume_from: Checkpoint | None = None  # the checkpoint `resume=` picked, when the command line already did (and verified it)
 
 
 def run(cfg: DictConfig, job: JobContext) -> RunResult:
@@ -88,9 +89,9 @@ def _setup_and_train(recipe: GRPORecipe, resume_from: Checkpoint | None, stop: S
 def _resume_checkpoint(cfg: DictConfig, job: JobContext) -> Checkpoint | None:
     if cfg.get("resume") is None:
         return None
-    try:
-        found = find_resume_checkpoint(str(cfg.resume), job.output_dir.parent)
-    except FileNotFoundError as err:
+    try:  # verifying reads every byte of the checkpoint: once per job
+        found = job.resume_from or find_resume_checkpoint(str(cfg.resume), job.output_dir.parent)
+    except (FileNotFoundError, CorruptCheckpointError) as err:
         raise ConfigError([str(err)]) from None
     saved = _plain(OmegaConf.create(found.config_yaml()))
     current = _plain(cfg)

@@ -171,7 +171,8 @@ class GRPORecipe:
             **self.held_out.state_dict(),
         }
         saved = p.checkpoint.save(step, p.trainer.state_dict(), loop_state, self.config_yaml)
-        log.info("Checkpoint written: %s", saved.path)
+        if saved is not None:  # None: the write failed and checkpoint.on_save_error=warn let the run go on
+            log.info("Checkpoint written: %s", saved.path)
 
     def restore(self, checkpoint: Checkpoint) -> int:
         """Put trainer, curriculum, scheduler and engine back where the checkpoint left them; returns the next step."""

