@@ -15,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.config.validate import ConfigError
 from grpo_pipe.tracking.run_tags import job_run_name, run_tags, swept_keys
 
@@ -70,7 +71,7 @@ def main() -> None:
     run_job()
 
 
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def run_job(cfg: DictConfig) -> float:
     """Run one job; returns `run.objective` (NaN when the run did not log it) for a sweeper such as Optuna."""
     from grpo_pipe.checkpointing import CheckpointWriteError

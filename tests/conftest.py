@@ -1,4 +1,4 @@
-"""Shared fixtures: the real config composed from conf/, shrunk to the tiny model and a temp MLflow store.
+"""Shared fixtures: the real config composed from conf/ (and sweeps/), shrunk to the tiny model and a temp MLflow store.
 
 Two tiers. The unit tier (`UNIT_MODULES`: logic, in-memory fakes of our own Protocols, seconds each) is the
 quick loop, `pytest -m "not slow"`; every other module is the integration tier (real vLLM, MLflow, Ray),
@@ -16,8 +16,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
+from grpo_pipe.config.sources import CONF_DIR, SWEEPS_DIR
+
 REPO = Path(__file__).resolve().parents[1]
-CONF = REPO / "grpo_pipe" / "conf"
+# The shipped configs, where the package finds them (the repository root in a checkout); importing them also puts
+# sweeps/ (`+sweeps=NAME`) and a ./conf/ of the working directory on Hydra's search path.
+CONF, SWEEPS = CONF_DIR, SWEEPS_DIR
 # GSM8K (MIT): the full train+test beside the repo when present, else the test split kept in tests/fixtures.
 _SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 GSM8K_DIR = _SHARED_GSM8K if (_SHARED_GSM8K / "train.jsonl").exists() else REPO / "tests" / "fixtures" / "gsm8k"
@@ -55,6 +59,8 @@ UNIT_MODULES = {
     "tests/test_lint.py",
     "tests/tracking/test_run_tags.py",
     "tests/config/test_overrides.py",
+    "tests/config/test_sources.py",
+    "tests/test_packaging.py",
 }
 
 

@@ -1,5 +1,5 @@
-"""The examples of docs/extending.md, copied verbatim into a fresh package and config folder
-outside the repository, found through Hydra's search path, and trained with for a short job."""
+"""The examples of docs/extending.md, copied verbatim into a fresh folder outside the repository (a package
+and ./conf/), found from that folder as the user's own options, and trained with for a short job."""
 
 from __future__ import annotations
 
@@ -30,15 +30,13 @@ def _write_examples(root: Path) -> dict[str, Path]:
 def test_readme_reward_bridge_and_loss_train_a_job(compose_cfg, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     written = _write_examples(tmp_path / "ext")
     assert set(written) == {
-        "my_ext/short_and_right.py", "my_conf/reward/short_and_right.yaml",
-        "my_ext/half_reload.py", "my_conf/weight_bridge/half_reload.yaml",
-        "my_ext/plain_pg.py", "my_conf/loss/plain_pg.yaml",
+        "my_ext/short_and_right.py", "conf/reward/short_and_right.yaml",
+        "my_ext/half_reload.py", "conf/weight_bridge/half_reload.yaml",
+        "my_ext/plain_pg.py", "conf/loss/plain_pg.yaml",
     }
     monkeypatch.syspath_prepend(str(tmp_path / "ext"))
-    cfg = compose_cfg([
-        f"hydra.searchpath=[file://{tmp_path / 'ext' / 'my_conf'}]", "reward=short_and_right",
-        "weight_bridge=half_reload", "loss=plain_pg", "trainer.steps=2",
-    ])
+    monkeypatch.chdir(tmp_path / "ext")  # as the page runs it: ./conf beside the user, no flag
+    cfg = compose_cfg(["reward=short_and_right", "weight_bridge=half_reload", "loss=plain_pg", "trainer.steps=2"])
     parts = build(cfg)
     assert type(parts.reward).__name__ == "ShortAndRight" and type(parts.weight_bridge).__name__ == "HalfReloadBridge"
     assert type(parts.trainer.loss).__name__ == "PlainPolicyGradient"

@@ -11,12 +11,12 @@ import pytest
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import CONF, REPO, TINY
+from tests.conftest import CONF, REPO, SWEEPS, TINY
 
-SWEEPS = sorted(p.stem for p in (CONF / "sweeps").glob("*.yaml"))
+SWEEP_NAMES = sorted(p.stem for p in SWEEPS.glob("*.yaml"))
 
 
-@pytest.mark.parametrize("sweep", SWEEPS)
+@pytest.mark.parametrize("sweep", SWEEP_NAMES)
 def test_sweep_composes_with_params(sweep: str, monkeypatch) -> None:
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         cfg = compose("config", overrides=[f"+sweeps={sweep}"], return_hydra_config=True)

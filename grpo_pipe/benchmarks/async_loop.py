@@ -21,15 +21,14 @@ from typing import Any
 
 from hydra import compose, initialize_config_dir
 
+from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.pipeline import JobContext, run
-
-CONF = Path(__file__).resolve().parents[1] / "conf"
 
 
 def run_variant(overrides: list[str], staleness: int, steps: int, out: Path, in_flight: bool = True) -> dict[str, Any]:
     variant = [f"rollout_scheduler.max_staleness={staleness}", f"trainer.steps={steps}", "logger=none",
                f"rollout.in_flight_updates={str(in_flight).lower()}"]
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[*overrides, *variant])
     name = f"staleness{staleness}" + ("" if in_flight else "-no-in-flight")
     result = run(cfg, JobContext(output_dir=out / name, run_name=f"async-{name}"))

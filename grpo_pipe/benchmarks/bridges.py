@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from grpo_pipe.bridges.contract import CONF_DIR, configured_bridges, push_weights
+from grpo_pipe.bridges.contract import configured_bridges, push_weights
+from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.models.random_architecture import benchmark_model
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.trainer.grpo import resolve_dtype
@@ -87,7 +88,7 @@ def _bridge(name: str) -> Any:
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
-    with initialize_config_dir(config_dir=str(CONF_DIR.parent), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[f"weight_bridge={name}"])
     return instantiate(cfg.weight_bridge, _convert_="all")
 

@@ -33,12 +33,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_pipe.bridges.files import copy_tokenizer_files
 from grpo_pipe.components import Components, build
+from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.interfaces import Reward
 from grpo_pipe.prompts import chat_messages
 from grpo_pipe.recipe import GRPORecipe
 from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, Task
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 log = logging.getLogger(__name__)
 
 
@@ -277,7 +277,7 @@ def main() -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     # Every in-place reload makes vLLM list the layers it restores itself (rotary cache, tied head).
     logging.getLogger("vllm.model_executor.model_loader.reload.layerwise").setLevel(logging.ERROR)
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[*args.overrides, "logger=none", "checkpoint.every=0"])
     budget_s, every_s = 60.0 * args.minutes, 60.0 * args.mark_every
     with tempfile.TemporaryDirectory(prefix="grpo_pipe-learning-") as scratch:

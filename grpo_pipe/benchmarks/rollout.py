@@ -35,6 +35,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.pipeline import JobContext, build, run
 from grpo_pipe.prompts import render_prompt
 from grpo_pipe.types import SamplingSettings
@@ -42,12 +43,11 @@ from grpo_pipe.types import SamplingSettings
 if TYPE_CHECKING:
     from vllm.config.model import ModelDType
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
 log = logging.getLogger("grpo_pipe.benchmarks")
 
 
 def compose_cfg(overrides: Sequence[str]) -> DictConfig:
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose("config", overrides=list(overrides))
 
 

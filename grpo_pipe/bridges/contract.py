@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from pathlib import Path
 
 from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.interfaces import Policy, RolloutEngine, WeightBridge
 from grpo_pipe.types import SyncStats
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf" / "weight_bridge"
 
 
 def check_sync_every(sync_every: int) -> int:
@@ -42,4 +40,4 @@ def push_weights(bridge: WeightBridge, engine: RolloutEngine, policy: Policy, ve
 
 def configured_bridges() -> list[str]:
     """The `weight_bridge=` options, read from the config group (the one list of bridges)."""
-    return sorted(path.stem for path in CONF_DIR.glob("*.yaml"))
+    return sorted(path.stem for path in (CONF_DIR / "weight_bridge").glob("*.yaml"))

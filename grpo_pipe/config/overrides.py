@@ -8,9 +8,11 @@ import difflib
 import re
 from collections.abc import Sequence
 
-from hydra import compose, initialize_config_module
+from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
+
+from grpo_pipe.config.sources import CONF_DIR
 
 UNKNOWN = re.compile(r"Could not override '([^']+)'")
 
@@ -52,7 +54,7 @@ def _group_choices(overrides: Sequence[str]) -> list[str]:
 
 
 def _compose(overrides: list[str]) -> DictConfig:
-    with initialize_config_module(config_module="grpo_pipe.conf", version_base="1.3"):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return compose(config_name="config", overrides=overrides)
 
 
