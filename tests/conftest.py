@@ -47,6 +47,7 @@ TINY = [
 UNIT_MODULES = {
     "tests/test_recipe.py",
     "tests/test_docs.py",
+    "tests/config/test_output_dirs.py",
     "tests/curriculum/test_kde_buckets.py",  # its one real job is marked slow in the module
     "tests/test_checkpointing.py",
     "tests/test_configs.py",
