@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.data.rows import RowFormat, SkippedRows, hold_out, limit, rows_to_tasks
+from grpo_pipe.data.rows import RowTaskSource, row_format, rows_to_tasks
 from grpo_pipe.types import Task
 
 log = logging.getLogger(__name__)
@@ -23,7 +23,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _SAVED_MARKERS = ("dataset_dict.json", "state.json")  # what `save_to_disk` writes
 
 
-class HfDatasetTasks:
+class HfDatasetTasks(RowTaskSource):
     """Tasks from the splits of one Hugging Face dataset."""
 
     def __init__(
@@ -45,23 +45,14 @@ class HfDatasetTasks:
         system_prompt: str = "",
         max_bad_fraction: float = 0.0,
     ) -> None:
+        super().__init__(row_format(prompt_key, answer_key, metadata_keys, answer_after, max_prompt_chars),
+                         eval_fraction, seed, max_train, max_eval, system_prompt, max_bad_fraction)
         self.name = name  # a hub id "org/name" or a local folder
         self.config_name = config_name
         self.revision = revision
         self.train_split = train_split
         self.eval_split = eval_split  # null: hold out eval_fraction of the train split
-        self.eval_fraction = eval_fraction
-        self.seed = seed
-        self.format = RowFormat(
-            prompt_key, answer_key, None if metadata_keys is None else tuple(metadata_keys), answer_after, max_prompt_chars
-        )
-        self.max_train = max_train
-        self.max_eval = max_eval
-        self.system_prompt = system_prompt
-        self.max_bad_fraction = max_bad_fraction  # share of rows that may be skipped (counted); 0 = any is an error
-        self.skipped = SkippedRows()
         self._dataset: Any = None
-        self._split: tuple[list[Task], list[Task]] | None = None
 
     def config_problems(self) -> list[str]:
         if importlib.util.find_spec("datasets") is None:
@@ -75,12 +66,6 @@ class HfDatasetTasks:
             return [f"eval_fraction={self.eval_fraction}: allowed 0 <= eval_fraction < 1"]
         return self._split_problems(self._load())
 
-    def train_tasks(self) -> list[Task]:
-        return limit(self._splits()[0], self.max_train)
-
-    def eval_tasks(self) -> list[Task]:
-        return limit(self._splits()[1], self.max_eval)
-
     def _split_problems(self, dataset: Any) -> list[str]:
         problems: list[str] = []
         for key, split in (("train_split", self.train_split), ("eval_split", self.eval_split)):
@@ -92,21 +77,15 @@ class HfDatasetTasks:
                 problems += self.format.column_problems(dataset[split].column_names, f"{self.name} [{split}]")
         return problems
 
-    def _splits(self) -> tuple[list[Task], list[Task]]:
-        if self._split is None:
-            dataset = self._load()
-            problems = self._split_problems(dataset)
-            if problems:  # a hub dataset, seen for the first time now
-                from grpo_pipe.config.validate import ConfigError
+    def read_splits(self) -> tuple[list[Task], list[Task] | None]:
+        dataset = self._load()
+        problems = self._split_problems(dataset)
+        if problems:  # a hub dataset, seen for the first time now
+            from grpo_pipe.config.validate import ConfigError
 
-                raise ConfigError([f"data.{p}" for p in problems])
-            train = self._tasks(dataset, self.train_split)
-            if self.eval_split is not None:
-                self._split = train, self._tasks(dataset, self.eval_split)
-            else:
-                self._split = hold_out(train, self.eval_fraction, self.seed)
-            log.info("data: %d train, %d eval tasks; %d rows skipped", *map(len, self._split), len(self.skipped))
-        return self._split
+            raise ConfigError([f"data.{p}" for p in problems])
+        train = self._tasks(dataset, self.train_split)
+        return train, None if self.eval_split is None else self._tasks(dataset, self.eval_split)
 
     def _tasks(self, dataset: Any, split: str) -> list[Task]:
         return rows_to_tasks(iter(dataset[split]), f"{Path(self.name).name}/{split}", self.format, self.skipped)

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.data.rows import RowFormat, SkippedRows, hold_out, limit, rows_to_tasks
+from grpo_pipe.data.rows import RowFormat, RowTaskSource, SkippedRows, row_format, rows_to_tasks
 from grpo_pipe.types import Task
 
 log = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
-class JsonlTasks:
+class JsonlTasks(RowTaskSource):
     """Tasks from a train file and an eval file (or a held-out fraction of the train file)."""
 
     def __init__(
@@ -41,19 +41,10 @@ class JsonlTasks:
         system_prompt: str = "",
         max_bad_fraction: float = 0.0,
     ) -> None:
+        super().__init__(row_format(prompt_key, answer_key, metadata_keys, answer_after, max_prompt_chars),
+                         eval_fraction, seed, max_train, max_eval, system_prompt, max_bad_fraction)
         self.train_path = train_path
         self.eval_path = eval_path
-        self.eval_fraction = eval_fraction  # used only without eval_path
-        self.seed = seed
-        self.format = RowFormat(
-            prompt_key, answer_key, None if metadata_keys is None else tuple(metadata_keys), answer_after, max_prompt_chars
-        )
-        self.max_train = max_train
-        self.max_eval = max_eval
-        self.system_prompt = system_prompt
-        self.max_bad_fraction = max_bad_fraction  # share of rows that may be skipped (counted); 0 = any is an error
-        self.skipped = SkippedRows()
-        self._split: tuple[list[Task], list[Task]] | None = None
 
     def config_problems(self) -> list[str]:
         problems = _file_problems("train_path", self.train_path, self.format)
@@ -63,21 +54,8 @@ class JsonlTasks:
             problems.append(f"eval_fraction={self.eval_fraction}: allowed 0 <= eval_fraction < 1")
         return problems
 
-    def train_tasks(self) -> list[Task]:
-        return limit(self._splits()[0], self.max_train)
-
-    def eval_tasks(self) -> list[Task]:
-        return limit(self._splits()[1], self.max_eval)
-
-    def _splits(self) -> tuple[list[Task], list[Task]]:
-        if self._split is None:
-            train = self._load(self.train_path)
-            if self.eval_path is not None:
-                self._split = train, self._load(self.eval_path)
-            else:
-                self._split = hold_out(train, self.eval_fraction, self.seed)
-            log.info("data: %d train, %d eval tasks; %d rows skipped", *map(len, self._split), len(self.skipped))
-        return self._split
+    def read_splits(self) -> tuple[list[Task], list[Task] | None]:
+        return self._load(self.train_path), None if self.eval_path is None else self._load(self.eval_path)
 
     def _load(self, path: str) -> list[Task]:
         file = Path(path).expanduser()

@@ -141,3 +141,47 @@ def hold_out(tasks: Sequence[Task], fraction: float, seed: int) -> tuple[list[Ta
 
 def limit(tasks: list[Task], count: int | None) -> list[Task]:
     return tasks if count is None else tasks[:count]
+
+
+class RowTaskSource:
+    """What every source of table rows shares (`data=jsonl`, `data=hf`): the row format, the split made once
+    (its own eval rows, or a seeded held-out fraction of the train rows), the size limits and the skipped rows.
+    A source reads its rows in `read_splits`; everything else is here, once."""
+
+    def __init__(
+        self, row_format: RowFormat, eval_fraction: float, seed: int, max_train: int | None, max_eval: int | None,
+        system_prompt: str, max_bad_fraction: float,
+    ) -> None:
+        self.format = row_format
+        self.eval_fraction = eval_fraction  # used only when the source has no eval rows of its own
+        self.seed = seed
+        self.max_train = max_train
+        self.max_eval = max_eval
+        self.system_prompt = system_prompt
+        self.max_bad_fraction = max_bad_fraction  # share of rows that may be skipped (counted); 0 = any is an error
+        self.skipped = SkippedRows()
+        self._split: tuple[list[Task], list[Task]] | None = None
+
+    def train_tasks(self) -> list[Task]:
+        return limit(self._splits()[0], self.max_train)
+
+    def eval_tasks(self) -> list[Task]:
+        return limit(self._splits()[1], self.max_eval)
+
+    def read_splits(self) -> tuple[list[Task], list[Task] | None]:
+        """The train tasks, and the eval tasks when the source has its own (None: hold out `eval_fraction`)."""
+        raise NotImplementedError
+
+    def _splits(self) -> tuple[list[Task], list[Task]]:
+        if self._split is None:
+            train, held_out = self.read_splits()
+            self._split = (train, held_out) if held_out is not None else hold_out(train, self.eval_fraction, self.seed)
+            log.info("data: %d train, %d eval tasks; %d rows skipped", *map(len, self._split), len(self.skipped))
+        return self._split
+
+
+def row_format(prompt_key: str, answer_key: str, metadata_keys: list[str] | None, answer_after: str | None,
+               max_prompt_chars: int) -> RowFormat:
+    """The config's column settings as a RowFormat (metadata_keys: null = every other column)."""
+    return RowFormat(prompt_key, answer_key, None if metadata_keys is None else tuple(metadata_keys), answer_after,
+                     max_prompt_chars)
