@@ -45,6 +45,9 @@ def run_variant(overrides: list[str], staleness: int, steps: int, out: Path, in_
         "in_flight_updated_fraction": result.summary["summary/in_flight_updated_fraction"],
         "groups_trained": result.ledger.trained,
         "groups_dropped": sum(result.ledger.dropped.values()),
+        # What the speed costs in learning per step: a stale sample teaches less than a fresh one.
+        "reward_per_10_steps": [round(sum(chunk) / len(chunk), 3) for chunk in
+                                (result.rewards[i:i + 10] for i in range(0, len(result.rewards), 10))],
         "phases_s": {key.removeprefix("summary/phase/"): value for key, value in result.summary.items()
                      if key.startswith("summary/phase/")},
     }
@@ -82,6 +85,7 @@ def format_row(row: dict[str, Any]) -> str:
         f"trainer idle {row['trainer_idle_fraction']:.2f}  updated in flight {row['in_flight_updated_fraction']:.2f}  "
         f"trained {row['groups_trained']} dropped {row['groups_dropped']}\n"
         "    median s/step by phase: " + ", ".join(f"{name} {value:.2f}" for name, value in row["phases_s"].items())
+        + "\n    reward per 10 steps: " + ", ".join(f"{value:.2f}" for value in row["reward_per_10_steps"])
     )
 
 

@@ -76,9 +76,13 @@ class MicroBatch:
         return inputs
 
 
-def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device) -> MicroBatch:
+def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device, width_multiple: int = 1) -> MicroBatch:
+    """Left-padded prompts, right-padded completions. `width_multiple`: the whole width (prompt + completion)
+    is padded up to a multiple of it. Compiled layers ask for 8: the compiler specialises a graph on whether
+    the sequence length is 8-aligned, so a batch of the other kind would compile again mid-run (seconds each)."""
     prompt_width = max(len(s.prompt_ids) for s in samples)
     width = max(max(len(s.completion_ids) for s in samples), 1)
+    width += -(prompt_width + width) % width_multiple  # extra padding columns, masked like any padding
     batch = len(samples)
     input_ids = torch.full((batch, prompt_width + width), pad_id, dtype=torch.long)
     attention = torch.zeros((batch, prompt_width + width), dtype=torch.long)

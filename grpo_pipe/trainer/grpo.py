@@ -27,6 +27,7 @@ from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.dtypes import DTYPES, DtypeName
 from grpo_pipe.interfaces import PolicyLoss
 from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_entropy, completion_logprobs, flatten
+from grpo_pipe.trainer.compiled import COMPILED_WIDTH_MULTIPLE, compile_layers, compile_on, warm_up
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.mismatch import MismatchSums, mismatch_sums
 from grpo_pipe.trainer.schedule import warmup_schedule
@@ -64,25 +65,6 @@ def takes_logits_to_keep(module: torch.nn.Module | None) -> bool:
     unwrap = getattr(module, "get_base_model", None)  # through a peft wrapper to the causal LM
     base = cast(torch.nn.Module, unwrap()) if callable(unwrap) else module
     return "logits_to_keep" in inspect.signature(base.forward).parameters
-
-
-def compile_blocks(module: torch.nn.Module) -> int:
-    """torch.compile each repeated block of the model (the longest `ModuleList`: its decoder layers) in place;
-    returns how many. One block's graph serves them all, so compiling takes seconds, not the minutes a
-    whole-model graph takes on a GPU, and the model's own mask and head code stays eager. In place: parameter
-    names, and so checkpoints and weight bridges, are the model's. Shapes change every micro-batch (batch and
-    length), so the graph is traced with symbolic sizes from the start."""
-    lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
-    blocks: list[torch.nn.Module] = list(max(lists, key=len)) if lists else [module]
-    for block in blocks:
-        block.compile(dynamic=True)
-    return len(blocks)
-
-
-def compile_on(setting: bool | str, device: torch.device) -> bool:
-    """`auto` = on a GPU, where the update of a model this small is bound by kernel launches (SmolLM2-135M on an
-    H200: 0.18 -> 0.08 s per update, BENCHMARKS.md); not on a CPU, where compiling costs more than it saves."""
-    return device.type == "cuda" if setting == "auto" else bool(setting)
 
 
 def micro_batches(count: int, size: int) -> list[range]:
@@ -192,6 +174,7 @@ class GRPOTrainer:
         self.scheduler: Any = None
         self.pad_id = 0
         self.logits_to_keep = False  # whether the model projects only the positions asked for (set in setup)
+        self.width_multiple = 1  # micro-batch widths are padded to a multiple of this (8 for compiled layers)
 
     def setup(self, model_path: Path, device: torch.device, pad_id: int) -> None:
         self.device = device
@@ -200,29 +183,13 @@ class GRPOTrainer:
         self.policy.load(model_path, device, self.precision.weights)
         self.logits_to_keep = takes_logits_to_keep(self.policy.module)
         if compile_on(self.compile, device) and self.policy.module is not None:
-            compile_blocks(self.policy.module)
-            self._warm_up()
+            compile_layers(self.policy.module)
+            warm_up(self.policy.module, self.pad_id, device, self.precision.autocast, self.logits_to_keep)
+            self.width_multiple = COMPILED_WIDTH_MULTIPLE
         if self.loss.needs_reference:
             self.policy.keep_reference()
         self.optimizer = self.optimizer_factory(self.policy.trainable_parameters(), lr=self.lr)
         self.scheduler = self.schedule_factory(self.optimizer, self.steps * self.updates_per_batch)
-
-    def _warm_up(self) -> None:
-        """Compile now, in set-up, not in the first step: a model the compiler cannot take fails before any
-        training, and step times (and a time-budgeted run's training minutes) are the steady state's. Two
-        micro-batches, one without padding and one with, as a model's attention takes no mask or a mask."""
-        module = self.policy.module
-        assert module is not None
-        started = time.perf_counter()
-        token = self.pad_id
-        for lengths in ((3, 3), (3, 2)):
-            samples = [TrainSample((token,) * 2, (token,) * n, (0.0,) * n, 0.0, 0) for n in lengths]
-            batch = collate(samples, self.pad_id, self.device)
-            with self.precision.autocast(self.device):
-                logits = module(**batch.model_inputs(self.logits_to_keep)).logits
-            logits.float().mean().backward()
-        module.zero_grad(set_to_none=True)
-        log.info("Compiled the model's layers in %.1fs (trainer.compile)", time.perf_counter() - started)
 
     def close(self) -> None:
         """Nothing outside this process to release."""
@@ -313,7 +280,7 @@ class GRPOTrainer:
         first_pass = not cache.proximal
         loss_sum, stats, mismatch = 0.0, [], MismatchSums()
         for index, part in enumerate(plan.cuts):
-            batch = collate(plan.active[part.start : part.stop], self.pad_id, self.device)
+            batch = collate(plan.active[part.start : part.stop], self.pad_id, self.device, self.width_multiple)
             if first_pass:
                 cache.reference.append(self._reference_logprobs(batch, temperature))
             with self.precision.autocast(self.device):

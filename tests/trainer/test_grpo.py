@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from grpo_pipe.models.tiny_random import TinyRandomModel
-from grpo_pipe.trainer.batch import collate, completion_logprobs
+from grpo_pipe.trainer.batch import collate, completion_logprobs, flatten
 from grpo_pipe.trainer.grpo import GRPOTrainer, PassCache, micro_batches
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy
@@ -74,13 +74,28 @@ def test_compiled_blocks_train_exactly_as_the_eager_model(lora: bool) -> None:
     assert [n for n, _ in compiled.policy.module.named_parameters()] == [n for n, _ in eager.policy.module.named_parameters()]
     plan = eager.plan(groups, rewards)
     assert [len(c) for c in plan.cuts] == [3, 2, 3]  # more than one shape goes through the graph
+    graphs_after_warm_up = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert graphs_after_warm_up >= 2  # the counter counts: set-up compiled the no-mask and the mask graph
     want, got = eager._accumulate(plan, 1.0, PassCache()), compiled._accumulate(plan, 1.0, PassCache())
+    # Set-up compiled every graph training needs: widths 6-10 padded to 8 or 16, with and without padding.
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs_after_warm_up
     assert got["train/loss"] == pytest.approx(want["train/loss"], rel=1e-5) and want["train/loss"] != 0.0
     grads = [(n, p.grad) for n, p in eager.policy.module.named_parameters() if p.grad is not None]
     assert grads and any(g.abs().max() > 0 for _, g in grads)
     compiled_grads = dict(compiled.policy.module.named_parameters())
     for name, grad in grads:  # fp32, fused kernels sum in another order: equal to rounding
         torch.testing.assert_close(compiled_grads[name].grad, grad, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_collate_pads_the_width_to_a_multiple_and_masks_the_padding() -> None:
+    groups, _ = _groups()
+    samples = flatten(groups, [1.0] * 12)[4:7]  # prompt 5, completions 2-4: width 9
+    plain, padded = collate(samples, 0, torch.device("cpu")), collate(samples, 0, torch.device("cpu"), 8)
+    assert plain.input_ids.shape[1] % 8 != 0 and padded.input_ids.shape[1] % 8 == 0
+    extra = padded.input_ids.shape[1] - plain.input_ids.shape[1]
+    assert torch.equal(padded.input_ids[:, : plain.input_ids.shape[1]], plain.input_ids)
+    assert torch.equal(padded.completion_mask[:, : plain.completion_mask.shape[1]], plain.completion_mask)
+    assert padded.attention_mask[:, -extra:].sum() == 0 and padded.completion_mask[:, -extra:].sum() == 0
 
 
 def test_micro_batching_accumulates_the_full_batch_gradient() -> None:

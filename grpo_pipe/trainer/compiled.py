@@ -1,0 +1,59 @@
+"""Compiled decoder layers (`trainer.compile`): which layers, when, and the batch shapes that keep one graph.
+
+On a GPU the update of a small model is bound by kernel launches (SmolLM2-135M on an H200: 43 ms of GPU work in
+190 ms of wall time, BENCHMARKS.md); torch.compile fuses them. Only the repeated layers are compiled: one layer's
+graph serves them all, so compiling takes seconds, and the model's own mask and head code stays eager.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+
+import torch
+
+from grpo_pipe.trainer.batch import TrainSample, collate
+
+log = logging.getLogger(__name__)
+
+# The compiler specialises a layer's graph on whether the sequence length is a multiple of 8 (an alignment guard
+# of Inductor's): a batch of the other kind compiles again mid-run, seconds each time (8 s at step 413 of a
+# 5-minute SmolLM2 run on an H200). Every compiled micro-batch is padded to this multiple, so one kind exists.
+COMPILED_WIDTH_MULTIPLE = 8
+
+
+def compile_on(setting: bool | str, device: torch.device) -> bool:
+    """`auto` = on a GPU, where the update of a model this small is bound by kernel launches (SmolLM2-135M on an
+    H200: 0.18 -> 0.08 s per update, BENCHMARKS.md); not on a CPU, where compiling costs more than it saves."""
+    return device.type == "cuda" if setting == "auto" else bool(setting)
+
+
+def compile_layers(module: torch.nn.Module) -> None:
+    """torch.compile each repeated block of the model (the longest `ModuleList`: its decoder layers) in place,
+    so parameter names, and so checkpoints and weight bridges, stay the model's. Shapes change every micro-batch
+    (batch and length), so the graph is traced with symbolic sizes from the start."""
+    lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
+    blocks: list[torch.nn.Module] = list(max(lists, key=len)) if lists else [module]
+    for block in blocks:
+        block.compile(dynamic=True)
+
+
+def warm_up(module: torch.nn.Module, pad_id: int, device: torch.device,
+            autocast: Callable[[torch.device], AbstractContextManager[Any]], logits_to_keep: bool) -> None:
+    """Compile now, in set-up, not in the first step: a model the compiler cannot take fails before any
+    training, and step times (and a time-budgeted run's training minutes) are the steady state's.
+
+    Two micro-batches of width 2 + 6 = 8, as every compiled micro-batch is padded to a multiple of 8: one
+    without padding and one with, since a model's attention gets no mask or a mask, and each is a graph."""
+    started = time.perf_counter()
+    for lengths in ((6, 6), (6, 5)):
+        samples = [TrainSample((pad_id,) * 2, (pad_id,) * n, (0.0,) * n, 0.0, 0) for n in lengths]
+        batch = collate(samples, pad_id, device, COMPILED_WIDTH_MULTIPLE)
+        with autocast(device):
+            logits = module(**batch.model_inputs(logits_to_keep)).logits
+        logits.float().mean().backward()
+    module.zero_grad(set_to_none=True)
+    log.info("Compiled the model's layers in %.1fs (trainer.compile)", time.perf_counter() - started)
