@@ -15,8 +15,9 @@ completions (the unbiased pass@1 estimate from the same samples).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 from grpo_pipe.interfaces import Reward, RolloutEngine
 from grpo_pipe.types import (
@@ -39,6 +40,7 @@ class EvalPlan:
     pass_k: int = 0  # samples per task for pass@k; 0 = greedy only
     temperature: float = 1.0  # for the pass@k samples
     seed: int | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)  # run.sampling_extra: where held-out answers stop too
 
 
 def metric_problem(metric: str) -> str | None:
@@ -54,7 +56,7 @@ def evaluate(
     """Greedy metrics, plus pass@k when the plan asks for it; {} without held-out tasks."""
     if not tasks:
         return {}
-    greedy = SamplingSettings(temperature=0.0, top_p=1.0, max_tokens=plan.max_tokens)
+    greedy = SamplingSettings(temperature=0.0, top_p=1.0, max_tokens=plan.max_tokens, extra=plan.extra)
     completions = [r[0] for r in engine.generate(prompts, [1] * len(prompts), greedy)]  # [T]
     scored = reward(_groups(prompts, tasks, [[c] for c in completions]))
     metrics = {
@@ -77,7 +79,8 @@ def pass_at_k(
 ) -> dict[str, float]:
     """k sampled completions per task; pass@k and pass@1 by the reward's notion of solved."""
     k = plan.pass_k
-    sampling = SamplingSettings(temperature=plan.temperature, top_p=1.0, max_tokens=plan.max_tokens, seed=plan.seed)
+    sampling = SamplingSettings(temperature=plan.temperature, top_p=1.0, max_tokens=plan.max_tokens, seed=plan.seed,
+                                extra=plan.extra)
     samples = engine.generate(prompts, [k] * len(prompts), sampling)  # [T][k]
     scored = reward(_groups(prompts, tasks, samples))
     if scored.correct is None:

@@ -85,7 +85,8 @@ class GRPORecipe:
             return tuple(render_prompt(tokenizer, p.data.system_prompt, task))
 
         seed = settings.seed if settings.seeded_sampling else None
-        self.sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens, seed)
+        self.sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens, seed,
+                                         dict(settings.sampling_extra))
         self.scheduler: RolloutSource = p.rollout_scheduler(
             self.engine, p.curriculum.next_batch, render, self.sampling, total_steps=p.trainer.steps,
             prompt_limit=self.engine.max_model_len - settings.max_new_tokens, overlong_prompts=settings.overlong_prompts,

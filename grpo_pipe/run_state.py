@@ -6,10 +6,11 @@ import logging
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from grpo_pipe.evaluation import EvalPlan, metric_problem
+from grpo_pipe.rollout.sampling_params import sampling_extra_problems
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,12 @@ class RunSettings:
     top_k: int = 0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    # Other vLLM sampling parameters, passed through where they leave the distribution alone (stop, ignore_eos…).
+    sampling_extra: Mapping[str, Any] = field(default_factory=dict)
 
     def config_problems(self) -> list[str]:
         problems = [metric_problem(self.eval_metric), objective_problem(self.objective)]
+        problems += sampling_extra_problems(self.sampling_extra)
         unmatched = [f"run.{name}={value}" for name, value, neutral in (
             ("top_p", self.top_p, 1.0), ("top_k", self.top_k, 0), ("min_p", self.min_p, 0.0),
             ("repetition_penalty", self.repetition_penalty, 1.0)) if value != neutral]
@@ -85,4 +89,5 @@ class RunSettings:
         return float(value)
 
     def eval_plan(self) -> EvalPlan:
-        return EvalPlan(self.eval_max_new_tokens, self.eval_metric, self.eval_pass_k, self.temperature, self.seed)
+        return EvalPlan(self.eval_max_new_tokens, self.eval_metric, self.eval_pass_k, self.temperature, self.seed,
+                        dict(self.sampling_extra))

@@ -128,6 +128,8 @@ class SamplingSettings:
     top_p: float = 1.0
     max_tokens: int = 128
     seed: int | None = None  # set: prompt i of this call is sampled with its own seed derived from it
+    # Other vLLM sampling parameters (`run.sampling_extra`), only ones that leave the distribution as it is.
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
     def prompt_seed(self, index: int) -> int | None:
         """A seed per prompt (vLLM gives the n samples of a prompt seed, seed + 1, ...)."""

@@ -23,8 +23,8 @@ from grpo_pipe.bridges.contract import configured_bridges, push_weights
 from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.models.random_architecture import benchmark_model
 from grpo_pipe.rollout.vllm_engine import VllmEngine
-from grpo_pipe.trainer.grpo import resolve_dtype
 from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy
+from grpo_pipe.trainer.precision import resolve_dtype
 
 log = logging.getLogger("grpo_pipe.benchmarks")
 ON_GPU = torch.cuda.is_available()

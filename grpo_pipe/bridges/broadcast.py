@@ -3,7 +3,7 @@ another process (another GPU, or another CPU process) over a private collective 
 GPUs, gloo on CPUs, so the very same cross-process path runs in CPU tests.
 
 Tensors are cast to the engine's dtype and packed into flat buckets of `bucket_mb`, one broadcast
-call per bucket rather than one per tensor. The engine side (`weight_receiver.py`) unpacks views
+call per bucket rather than one per tensor. The engine side (`BroadcastReceiver`, below) unpacks views
 and calls vLLM's own loader. Every collective has a timeout, so a dead peer is an error, not a hang.
 """
 
@@ -16,13 +16,13 @@ from typing import Any, Literal
 
 import torch
 
-from grpo_pipe.bridges.collective import broadcast, host_store, open_group, pack, plan_buckets
+from grpo_pipe.bridges.collective import Bucket, broadcast, host_store, join_group, open_group, pack, plan_buckets, unpack
 from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import Policy, WorkerRpcEngine
+from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
+from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head
 from grpo_pipe.types import SyncStats
-
-RECEIVER = "grpo_pipe.bridges.weight_receiver.WeightReceiverExtension"
 
 
 class _Call:
@@ -84,7 +84,7 @@ class BroadcastBridge:
         return problems
 
     def engine_options(self) -> dict[str, Any]:
-        return {"worker_extension_cls": RECEIVER}
+        return worker_extension(BroadcastReceiver)
 
     def connect(self, engine: Any, policy: Any) -> None:
         self.engine = engine
@@ -135,3 +135,47 @@ class BroadcastBridge:
             except Exception:  # the engine may already be gone; nothing left to release here
                 pass
         self.engine, self._group, self._store = None, None, None
+
+
+class BroadcastReceiver(EngineWorker):
+    """The engine side of `nccl`: join the trainer's group, receive each bucket, hand it to vLLM's loader."""
+
+    def grpo_open_weight_group(self, backend: str, host: str, port: int, timeout_s: float, world_size: int) -> None:
+        self._grpo_group, self._grpo_store = join_group(backend, host, port, timeout_s, world_size)
+
+    def grpo_receive_weights(self, wire_plan: list[dict]) -> dict[str, float]:
+        """Receive every bucket and load it. Returns bytes received and the receive / load times.
+
+        On GPU each bucket is handed to vLLM's loader as soon as it arrives: the loader's copies are
+        queued on the compute stream and overlap the next bucket's broadcast on NCCL's stream. The
+        CPU reload path repacks whole layers, so there all buckets are loaded together at the end.
+        """
+        started = time.perf_counter()
+        device = torch.device(self.device) if hasattr(self, "device") else torch.device("cpu")
+        received: list[tuple[str, torch.Tensor]] = []
+        nbytes = 0
+        for bucket in map(Bucket.from_wire, wire_plan):
+            flat = torch.empty(bucket.numel, dtype=getattr(torch, bucket.dtype), device=device)
+            broadcast(self._grpo_group, flat)
+            nbytes += flat.numel() * flat.element_size()
+            if device.type == "cpu":
+                received.extend(unpack(flat, bucket))
+            else:
+                self.model_runner.model.load_weights(weights=unpack(flat, bucket))
+        arrived = time.perf_counter()
+        if device.type == "cpu":
+            self.reload_weights(weights_iterator=iter(received))
+            refresh_cpu_tied_lm_head(self)
+        else:
+            torch.cuda.synchronize(device)
+        return {"bytes": float(nbytes), "receive_s": arrived - started, "load_s": time.perf_counter() - arrived}
+
+    def grpo_receive_raw(self, nbytes: int) -> None:
+        """Receive one flat buffer and drop it: the transport floor, for benchmarks."""
+        device = self.device if hasattr(self, "device") else torch.device("cpu")
+        broadcast(self._grpo_group, torch.empty(nbytes, dtype=torch.uint8, device=device))
+
+    def grpo_close_weight_group(self) -> None:
+        for attr in ("_grpo_group", "_grpo_store"):
+            if hasattr(self, attr):
+                delattr(self, attr)

@@ -22,8 +22,9 @@ from typing import Any
 import torch
 
 from grpo_pipe.bridges.contract import check_sync_every
-from grpo_pipe.bridges.shared_memory import engine_views, open_handle
+from grpo_pipe.bridges.shared_memory import cuda_handle, engine_views, open_handle
 from grpo_pipe.interfaces import AdapterPolicy, LocalEngine, ModulePolicy
+from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
 from grpo_pipe.types import SyncStats
 
 
@@ -58,7 +59,7 @@ class CudaIpcBridge:
         return problems
 
     def engine_options(self) -> dict[str, Any]:
-        return {}
+        return worker_extension(WeightExporter)
 
     def connect(self, engine: LocalEngine, policy: ModulePolicy) -> None:
         module = policy.module
@@ -114,3 +115,13 @@ class CudaIpcBridge:
     def close(self) -> None:
         self.engine = None
         self._engine_tensors = {}
+
+
+class WeightExporter(EngineWorker):
+    """The engine side of `ipc`: hand out CUDA IPC handles to the engine's own weight storage."""
+
+    def grpo_export_weights(self) -> dict[str, Any]:
+        """CUDA IPC handles to every parameter of the engine's model, and how vLLM fused them."""
+        model = self.model_runner.model
+        params = {name: cuda_handle(p.data) for name, p in model.named_parameters(remove_duplicate=False)}
+        return {"params": params, "packed": {k: list(v) for k, v in getattr(model, "packed_modules_mapping", {}).items()}}

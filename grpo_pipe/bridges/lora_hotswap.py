@@ -29,9 +29,11 @@ from grpo_pipe import env
 from grpo_pipe.bridges.collective import plan_buckets
 from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.files import folder_bytes, replace_atomically
-from grpo_pipe.bridges.shared_memory import SharedBuckets
+from grpo_pipe.bridges.shared_memory import SharedBuckets, map_buckets
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import AdapterEngine, AdapterPolicy, LocalEngine
+from grpo_pipe.rollout import worker_adapters
+from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
 from grpo_pipe.types import SyncStats
 
 TRANSPORTS = ("auto", "memory", "folder")
@@ -140,7 +142,8 @@ class LoraHotSwapBridge:
         return problems
 
     def engine_options(self) -> dict[str, Any]:
-        return {"enable_lora": True, "max_lora_rank": self.max_lora_rank, "max_loras": self.max_loras}
+        return {"enable_lora": True, "max_lora_rank": self.max_lora_rank, "max_loras": self.max_loras,
+                **worker_extension(AdapterReceiver)}
 
     def connect(self, engine: Any, policy: AdapterPolicy) -> None:
         self.engine = engine
@@ -170,3 +173,31 @@ class LoraHotSwapBridge:
         if self._transport is not None:
             self._transport.close()
         self.engine, self._transport, self._live = None, None, []
+
+
+class AdapterReceiver(EngineWorker):
+    """The engine side of `lora` from memory: map the trainer's adapter buffer once, build each new adapter from it."""
+
+    def grpo_map_adapter(self, handles: list[dict[str, Any]], wire_plan: list[dict[str, Any]], config: dict[str, Any]) -> None:
+        """Map the trainer's adapter buffer and keep peft's adapter config (once per connect); refuses
+        an adapter on modules this engine cannot apply LoRA to, as vLLM's folder loader would."""
+        flats, views = map_buckets(handles, wire_plan)
+        unexpected = worker_adapters.unexpected_modules(self, [name for name, _ in views])
+        if unexpected:
+            raise ValueError(f"this engine cannot apply LoRA to {unexpected[:5]} ({len(unexpected)} adapter tensors)")
+        self._grpo_adapter_flats, self._grpo_adapter, self._grpo_adapter_config = flats, views, config
+
+    def grpo_add_adapter(self, name: str, adapter_id: int) -> dict[str, float]:
+        """Register the adapter now in the mapped buffer as `adapter_id`. Its tensors are copied out first:
+        the trainer refills the buffer at the next sync while this adapter may still serve requests."""
+        started = time.perf_counter()
+        tensors = {n: t.clone() for n, t in self._grpo_adapter}
+        worker_adapters.add_adapter(self, name, adapter_id, tensors, self._grpo_adapter_config)
+        if self._grpo_adapter and self._grpo_adapter[0][1].is_cuda:
+            torch.cuda.synchronize()  # the copies out of the buffer are done before the trainer refills it
+        return {"load_s": time.perf_counter() - started}
+
+    def grpo_unmap_adapter(self) -> None:
+        for attr in ("_grpo_adapter", "_grpo_adapter_flats", "_grpo_adapter_config"):
+            if hasattr(self, attr):
+                delattr(self, attr)

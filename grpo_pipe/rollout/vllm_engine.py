@@ -19,10 +19,12 @@ from grpo_pipe import env
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.dtypes import DTYPES, DtypeName
 from grpo_pipe.rollout import vllm_fixes
-from grpo_pipe.rollout.in_flight import InFlightLog, InFlightUpdates
-from grpo_pipe.rollout.telemetry import request_telemetry, spec_acceptance
-from grpo_pipe.rollout.worker_weights import reload_in_process
-from grpo_pipe.types import Completion, GeneratedBatch, RequestTelemetry, SamplingSettings
+from grpo_pipe.rollout.in_flight import InFlightUpdates
+from grpo_pipe.rollout.sampling_params import needs_text
+from grpo_pipe.rollout.telemetry import completions_of
+from grpo_pipe.rollout.worker_extension import ENGINE_OWN_CALLS
+from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head, reload_in_process
+from grpo_pipe.types import Completion, GeneratedBatch, SamplingSettings
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +36,6 @@ def _cpu_has_native_bf16() -> bool:
         return False
     return "amx_bf16" in flags or "avx512_bf16" in flags
 
-
-# The worker methods every bridge calls (shared buckets, exported weights, broadcasts): always mixed in.
-WORKER_EXTENSION = "grpo_pipe.bridges.weight_receiver.WeightReceiverExtension"
 
 
 def fastest_in_process() -> bool:
@@ -151,7 +150,7 @@ class VllmEngine:
             tensor_parallel_size=self.tensor_parallel_size,
             disable_log_stats=not self.request_timestamps,  # vLLM records request timestamps with its stats
             logprobs_mode="processed_logprobs",  # log-probs of the distribution actually sampled from
-            worker_extension_cls=WORKER_EXTENSION,
+            worker_extension_cls=ENGINE_OWN_CALLS,  # a bridge with an engine-side half names its own subclass
         )
         if self.on_gpu:
             kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
@@ -218,8 +217,9 @@ class VllmEngine:
                 # Token ids and log-probs only: vLLM's per-token detokenizing of the text and of every
                 # log-prob entry runs in this process on each engine step and cost a third of the decode
                 # rate (8.8k vs 13.2k tok/s, 0.5B 8x8 on an H100); the texts are decoded once, at the end.
-                detokenize=False,
+                detokenize=needs_text(sampling.extra),
                 flat_logprobs=True,
+                **sampling.extra,  # run.sampling_extra: checked to leave the distribution as it is
             )
             for i, n in enumerate(samples)
         ]
@@ -232,7 +232,7 @@ class VllmEngine:
                 lora_request=self.lora_request,
             )
         tokenizer = llm.get_tokenizer()
-        return [self._completions(output, flight, tokenizer) for output in outputs]
+        return [completions_of(output, flight, tokenizer) for output in outputs]
 
     @property
     def cache_salt(self) -> str:
@@ -252,27 +252,6 @@ class VllmEngine:
 
     def worker_count(self) -> int:
         return self.tensor_parallel_size  # one worker per tensor-parallel rank, each receives every bucket
-
-    def _completions(self, output: Any, flight: InFlightLog, tokenizer: Any) -> list[Completion]:
-        completions = []
-        for sample in output.outputs:
-            ids = tuple(sample.token_ids)
-            first_version, switches = flight.versions_of(str(output.request_id), int(sample.index), len(ids))
-            logprobs = sampled_logprobs(sample.logprobs, len(ids))
-            base = request_telemetry(output, len(ids))
-            telemetry = RequestTelemetry(**{**base.__dict__, "spec_acceptance_rate": spec_acceptance(sample)})
-            completions.append(
-                Completion(
-                    token_ids=ids,
-                    logprobs=logprobs,
-                    text=tokenizer.decode(ids, skip_special_tokens=True),  # as vLLM's own detokenizer renders it
-                    finish_reason=str(sample.finish_reason),
-                    policy_version=first_version,
-                    telemetry=telemetry,
-                    version_switches=switches,
-                )
-            )
-        return completions
 
     def reload_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named weights into the running engine (in-process engines only)."""
@@ -338,8 +317,8 @@ class VllmEngine:
 
     def _after_weight_update(self) -> None:
         llm = self._llm()
-        if not self.on_gpu:
-            llm.collective_rpc("grpo_refresh_tied_head")
+        if not self.on_gpu:  # a bridge's own half refreshes after its loads; these are vLLM's loads
+            llm.collective_rpc(refresh_cpu_tied_lm_head if self.in_process else "grpo_refresh_tied_head")
         self._weights_changed()  # KV blocks cached under the old weights are never reused (cache_salt)
 
     def sleep(self, level: int) -> None:
@@ -367,10 +346,3 @@ class VllmEngine:
             raise RuntimeError("engine used before connect()")
         return self.llm
 
-
-def sampled_logprobs(logprobs: Any, count: int) -> tuple[float, ...]:
-    """The sampled token's log-prob at each of `count` positions, from vLLM's flat log-probs (requested
-    with logprobs=0, each position holds the sampled token alone, first: read straight from the flat list)."""
-    if logprobs is None:
-        return ()
-    return tuple(float(logprobs.logprobs[start]) for start in logprobs.start_indices[:count])

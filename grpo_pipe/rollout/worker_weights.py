@@ -1,5 +1,5 @@
 """Weight loading that runs inside a vLLM worker: handed to `collective_rpc` by the engine, or called by
-the bridges' worker extension (`bridges/weight_receiver.py`). `worker` is vLLM's worker object."""
+a bridge's engine-side half (`rollout/worker_extension.py`). `worker` is vLLM's worker object."""
 
 from __future__ import annotations
 

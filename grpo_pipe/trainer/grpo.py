@@ -15,7 +15,6 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, cast
@@ -24,12 +23,13 @@ import torch
 
 from grpo_pipe.checkpointing import restore_rng, rng_state
 from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.dtypes import DTYPES, DtypeName
+from grpo_pipe.dtypes import DtypeName
 from grpo_pipe.interfaces import PolicyLoss
 from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_entropy, completion_logprobs, flatten
 from grpo_pipe.trainer.compiled import COMPILED_WIDTH_MULTIPLE, compile_layers, compile_on, warm_up
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.mismatch import MismatchSums, mismatch_sums
+from grpo_pipe.trainer.precision import AutocastName, Precision
 from grpo_pipe.trainer.schedule import warmup_schedule
 from grpo_pipe.types import LossStats, RolloutGroup
 
@@ -39,7 +39,6 @@ log = logging.getLogger(__name__)
 # schedule gets the optimizer and the number of updates in the run.
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 ScheduleFactory = Callable[[torch.optim.Optimizer, int], Any]
-AutocastName = Literal["auto", "bfloat16", "float16"]  # the compute dtype of forward and backward
 
 
 class TrainablePolicy(Protocol):
@@ -83,38 +82,6 @@ def default_micro_batch_size() -> int:
     kernel launches, not arithmetic: 16 halves its time against 8 on an H100 (0.5B); a CPU gains nothing
     from larger micro-batches, only padding."""
     return 16 if torch.cuda.is_available() else 8
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The weights' dtype. `auto` = fp32 master weights on every device: AdamW's update at RL learning rates
-    is smaller than a bf16 weight's rounding step (at lr 2e-5 one update changes 4% of SmolLM2's bf16
-    weights and leaves the rest as they were), so weights stored in bf16 barely learn."""
-    if name == "auto":
-        return torch.float32
-    return DTYPES[name]
-
-
-@dataclass(frozen=True)
-class Precision:
-    """Weights (and optimizer state) in `weights`; forward and backward under autocast to `compute` when set."""
-
-    weights: torch.dtype
-    compute: torch.dtype | None
-
-    @classmethod
-    def resolve(cls, weights: str, autocast: str | None, device: torch.device) -> Precision:
-        """`autocast: auto` = bf16 compute on a GPU (as TRL and mixed-precision training generally), none on
-        a CPU (bf16 matmuls there are slow and inexact)."""
-        weight_dtype = resolve_dtype(weights, device)
-        if autocast == "auto":
-            autocast = "bfloat16" if device.type == "cuda" else None
-        compute = None if autocast is None else DTYPES[autocast]
-        return cls(weight_dtype, None if compute == weight_dtype else compute)
-
-    def autocast(self, device: torch.device) -> AbstractContextManager[Any]:
-        if self.compute is None:
-            return nullcontext()
-        return torch.autocast(device.type, dtype=self.compute)
 
 
 class GRPOTrainer:

@@ -92,3 +92,25 @@ def test_after_a_sync_no_request_reuses_kv_blocks_of_the_old_weights(tmp_path) -
     assert again[0][2] > 0  # the cache itself still works within one set of weights
     # Control: the old weights' blocks are still there, and reusing them gives other log-probs.
     assert stale[0][2] > 0 and not torch.allclose(torch.tensor(stale[0][1]), torch.tensor(logprobs), atol=1e-3)
+
+
+def test_passed_through_sampling_parameters_reach_the_engine() -> None:
+    """run.sampling_extra: where generation stops is the user's; the tokens before it are sampled as ever."""
+    engine = VllmEngine(dtype="float32", max_model_len=256, kv_cache_gib=0.25)
+    engine.connect(TinyRandomModel().materialize())
+    prompts = [[5, 6, 7, 8], [9, 10, 11]]
+    try:
+        plain = engine.generate(prompts, [1, 1], SamplingSettings(temperature=0.0, max_tokens=8))
+        stop_at = plain[0][0].token_ids[2]  # the third token of the first greedy completion
+        stopped = engine.generate(prompts, [1, 1], SamplingSettings(temperature=0.0, max_tokens=8,
+                                                                    extra={"stop_token_ids": [stop_at]}))
+        no_eos = engine.generate(prompts, [1, 1], SamplingSettings(temperature=0.0, max_tokens=8,
+                                                                   extra={"ignore_eos": True}))
+    finally:
+        engine.shutdown()
+    first = stopped[0][0]
+    cut = plain[0][0].token_ids.index(stop_at) + 1
+    assert first.token_ids == plain[0][0].token_ids[:cut] and first.finish_reason == "stop"
+    assert first.logprobs == plain[0][0].logprobs[:cut]
+    assert all(len(g[0].token_ids) == 8 and g[0].finish_reason == "length" for g in no_eos)
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from grpo_pipe.rollout.sampling_params import PASSED_THROUGH
 from grpo_pipe.run_state import RunSettings, objective_problem
 from grpo_pipe.tracking.run_tags import run_tags
 from grpo_pipe.tracking.sweep_runs import parse_overrides
@@ -49,6 +50,18 @@ def test_sampling_settings_the_trainer_does_not_follow_are_refused_with_the_reas
     assert problem.startswith("run.top_k=50, run.repetition_penalty=1.1: not supported")
     assert "every importance ratio would be off" in problem
     assert not [p for p in RunSettings().config_problems() if p]
+
+
+def test_vllm_sampling_parameters_pass_through_only_where_the_distribution_stays_the_trainers() -> None:
+    ok = RunSettings(sampling_extra={"stop": ["\n\n"], "stop_token_ids": [2], "ignore_eos": False})
+    assert not [p for p in ok.config_problems() if p]
+    problems = [p for p in RunSettings(sampling_extra={"presence_penalty": 0.5, "n": 4, "stop_token_id": [2]})
+                .config_problems() if p]
+    assert len(problems) == 3
+    penalty, n, typo = problems
+    assert penalty.startswith("run.sampling_extra.presence_penalty: changes the distribution")
+    assert n.startswith("run.sampling_extra.n: set by curriculum.samples_per_prompt")
+    assert "did you mean stop_token_ids" in typo and typo.endswith("allowed: " + ", ".join(PASSED_THROUGH))
 
 
 def test_a_sweeps_children_are_named_by_what_differs() -> None:

@@ -1,0 +1,59 @@
+"""The Protocols the recipe talks to. Nothing else lives here.
+
+Each config group option builds one object that satisfies one of these. Construction is cheap and
+safe on any machine; heavy work (loading models, starting engines) happens in `connect`/`setup`.
+
+One module per role: sources, engines, weights (policy and bridge), rewards, training (loss, trainer,
+placement), records (checkpoints, tracker). Import them from here.
+"""
+
+from grpo_pipe.interfaces.engines import (
+    AdapterEngine,
+    InProcessModelEngine,
+    LocalEngine,
+    PendingRollout,
+    RolloutEngine,
+    WorkerRpcEngine,
+)
+from grpo_pipe.interfaces.records import CheckpointStore, ChecksItsConfig, Tracker
+from grpo_pipe.interfaces.rewards import (
+    HasSourceFiles,
+    ReadsRequestTimestamps,
+    RecordsRequestTimestamps,
+    Reward,
+    TriesOnTasks,
+    reads_request_timestamps,
+)
+from grpo_pipe.interfaces.sources import Curriculum, ModelSource, RolloutSource, RolloutSourceFactory, TaskSource
+from grpo_pipe.interfaces.training import Placement, PolicyLoss, Trainer
+from grpo_pipe.interfaces.weights import AdapterPolicy, ModulePolicy, Policy, WeightBridge
+
+__all__ = [
+    "AdapterEngine",
+    "AdapterPolicy",
+    "CheckpointStore",
+    "ChecksItsConfig",
+    "Curriculum",
+    "HasSourceFiles",
+    "InProcessModelEngine",
+    "LocalEngine",
+    "ModelSource",
+    "ModulePolicy",
+    "PendingRollout",
+    "Placement",
+    "Policy",
+    "PolicyLoss",
+    "ReadsRequestTimestamps",
+    "RecordsRequestTimestamps",
+    "Reward",
+    "RolloutEngine",
+    "RolloutSource",
+    "RolloutSourceFactory",
+    "TaskSource",
+    "Tracker",
+    "Trainer",
+    "TriesOnTasks",
+    "WeightBridge",
+    "WorkerRpcEngine",
+    "reads_request_timestamps",
+]

@@ -1,0 +1,145 @@
+"""Rollout engines, and the capabilities a weight bridge may ask of one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from grpo_pipe.types import (
+    Completion,
+    GeneratedBatch,
+    SamplingSettings,
+)
+
+
+@runtime_checkable
+class PendingRollout(Protocol):
+    """A generation call that may still be running (on another process, device or machine)."""
+
+    def result(self) -> GeneratedBatch:
+        """Block until it is done."""
+        ...
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Generates completions from token ids. It knows nothing about rewards or training.
+
+    Calls take effect in the order they are made: a generation submitted after a weight sync uses
+    the new weights, one submitted before it uses the old ones. The async loop relies on this.
+    """
+
+    @property
+    def served_version(self) -> int:
+        """Policy version of the weights the engine generates with (set by `bridges.contract.push_weights`)."""
+        ...
+
+    @served_version.setter
+    def served_version(self, version: int) -> None: ...
+
+    @property
+    def model_path(self) -> Path | None: ...  # the folder it was started on
+
+    @property
+    def weight_dtype(self) -> torch.dtype: ...  # the dtype it holds weights in (bridges convert before sending)
+
+    @property
+    def in_process(self) -> bool: ...  # true when the engine's model lives in this process
+
+    @property
+    def max_model_len(self) -> int: ...  # prompt + completion tokens one request may hold
+
+    @property
+    def enable_sleep_mode(self) -> bool: ...  # whether `sleep` can free the engine's memory
+
+    def connect(self, model_path: Path, options: dict[str, Any] | None = None) -> None: ...
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
+    ) -> list[list[Completion]]:
+        """For prompt i return `samples[i]` completions, tagged with `served_version`."""
+        ...
+
+    def submit(
+        self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
+    ) -> PendingRollout:
+        """Like `generate`, without waiting where the engine runs elsewhere."""
+        ...
+
+    def sleep(self, level: int) -> None: ...
+
+    def wake_up(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class InProcessModelEngine(Protocol):
+    """An engine whose model lives in this process, so a bridge can hand it tensors directly (a capability
+    users' own bridges ask for: see the README's extension example)."""
+
+    @property
+    def in_process(self) -> bool: ...  # false when the same class was started in its own process
+
+    @property
+    def weight_dtype(self) -> torch.dtype: ...
+
+    def reload_weights(self, weights: Sequence[tuple[str, torch.Tensor]]) -> None:
+        """Load Hugging Face-named tensors into the live model (vLLM fuses qkv / gate_up itself)."""
+        ...
+
+
+@runtime_checkable
+class WorkerRpcEngine(Protocol):
+    """An engine whose workers run bridge code (`worker_extension_cls`), wherever they live."""
+
+    def call_workers(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
+        """Run a worker-extension method in every engine worker; one result per worker."""
+        ...
+
+    def after_external_weight_update(self) -> None: ...
+
+    def is_running(self) -> bool: ...
+
+    def worker_count(self) -> int:
+        """How many workers `call_workers` reaches (all replicas together)."""
+        ...
+
+
+@runtime_checkable
+class LocalEngine(InProcessModelEngine, WorkerRpcEngine, Protocol):
+    """An engine on the trainer's machine: its model lives in this process, or in an engine process that maps
+    memory the trainer shares with it. What `reload`, `ipc` and LoRA adapters handed over in memory ask for;
+    an engine behind Ray, on other machines, is none."""
+
+    @property
+    def device_ids(self) -> str | None: ...  # GPUs of an engine process of its own: set = not the trainer's device
+
+    @property
+    def on_gpu(self) -> bool: ...
+
+    @property
+    def enable_sleep_mode(self) -> bool: ...
+
+    def call_workers_in_process(self, fn: Callable[[Any], Any]) -> Any:
+        """Call `fn(worker)` on the worker of an engine in this process; its result as is (tensors included)."""
+        ...
+
+
+@runtime_checkable
+class AdapterEngine(Protocol):
+    """An engine that serves LoRA adapters loaded while it runs."""
+
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype the engine computes adapters in (vLLM's LoRA dtype follows the model's)."""
+        ...
+
+    def use_adapter(self, name: str, adapter_id: int, folder: Path) -> None:
+        """Load the adapter saved in `folder` and serve every following request with it."""
+        ...
+
+    def retire_adapter(self, adapter_id: int) -> None: ...

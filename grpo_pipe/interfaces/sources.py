@@ -1,0 +1,104 @@
+"""The data side: where models, tasks and prompts come from, and the curriculum that picks them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from grpo_pipe.interfaces.engines import RolloutEngine
+from grpo_pipe.types import (
+    Ledger,
+    SamplingSettings,
+    TakenBatch,
+    Task,
+)
+
+
+@runtime_checkable
+class ModelSource(Protocol):
+    """Where the policy's starting weights come from."""
+
+    def materialize(self) -> Path:
+        """Return a local Hugging Face model folder (config, tokenizer, safetensors), building it if needed."""
+        ...
+
+
+@runtime_checkable
+class TaskSource(Protocol):
+    """A dataset of tasks with a train/eval split that never overlap."""
+
+    system_prompt: str
+    max_bad_fraction: float  # the share of rows that may be skipped as unusable; more is an error
+
+    @property
+    def skipped(self) -> Collection[str]: ...  # "<file>:<line>: why" of each row that could not be used
+
+    def train_tasks(self) -> Sequence[Task]: ...
+
+    def eval_tasks(self) -> Sequence[Task]: ...
+
+
+@runtime_checkable
+class Curriculum(Protocol):
+    """Chooses which tasks to roll out next and how many samples each gets."""
+
+    def attach(self, tasks: Sequence[Task]) -> None:
+        """The train split to choose from; called once, before the first `next_batch`."""
+        ...
+
+    def next_batch(self) -> list[tuple[Task, int]]: ...
+
+    def update(self, uids: Sequence[str], rewards: Sequence[float]) -> Mapping[str, float]:
+        """Record one step's per-completion rewards; return metrics to log."""
+        ...
+
+    def take_reports(self, output_dir: Path) -> list[Path]:
+        """Write any report produced since the last call under `output_dir`; return the files written."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None: ...
+
+
+@runtime_checkable
+class RolloutSource(Protocol):
+    """Keeps the engine generating the batches the trainer takes next, within a staleness bound; every group
+    it submits ends trained, dropped or in flight (`ledger`)."""
+
+    max_staleness: int  # policy versions a trained sample may lag the trainer (0 = the synchronous loop)
+    stale_policy: str  # pace (submit only within the bound) | drop (keep the engine busy, drop what is too old)
+    ledger: Ledger
+    generation_intervals: list[tuple[float, float]]  # wall-clock spans the engine was generating
+    guard: Callable[[], Any]  # wraps every wait on the engine (a stop signal may abandon it)
+
+    def fill(self, trainer_version: int, pushed_version: int, steps_done: int) -> int:
+        """Submit batches while the bound allows; returns how many are in flight."""
+        ...
+
+    def take(self, trainer_version: int) -> TakenBatch:
+        """The oldest batch in flight, waited for."""
+        ...
+
+    def requeue_lost(self) -> int:
+        """After an engine restart: submit again what it lost; returns the batches re-issued."""
+        ...
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    def restore(self, snapshot: Mapping[str, Any], tasks_by_uid: Mapping[str, Task]) -> None: ...
+
+
+@runtime_checkable
+class RolloutSourceFactory(Protocol):
+    """The `rollout_scheduler` config group: a `_partial_` whose settings (`keywords`, e.g. max_staleness) are
+    known, and checked, before the engine and the data exist; the recipe completes it with them."""
+
+    keywords: Mapping[str, Any]
+
+    def __call__(
+        self, engine: RolloutEngine, next_batch: Callable[[], list[tuple[Task, int]]],
+        render: Callable[[Task], tuple[int, ...]], sampling: SamplingSettings, *, total_steps: int,
+        prompt_limit: int | None, overlong_prompts: str,
+    ) -> RolloutSource: ...

@@ -1,0 +1,113 @@
+"""The learning side: the loss, the trainer, and where it runs."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from grpo_pipe.interfaces.engines import RolloutEngine
+from grpo_pipe.interfaces.weights import Policy
+from grpo_pipe.types import (
+    LossStats,
+    RolloutGroup,
+)
+
+
+@runtime_checkable
+class PolicyLoss(Protocol):
+    """The policy-gradient loss (`loss=`): advantages from rewards, and the per-micro-batch surrogate. The trainer
+    knows nothing of the algorithm beyond this; `grpo_pipe.trainer.loss.GRPOLoss` is the GRPO family."""
+
+    clip_low: float
+    clip_high: float
+    mask_truncated: bool  # completions that hit the budget get no loss and are in no normaliser
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether `__call__` needs the frozen starting policy's log-probs (a KL term)."""
+        ...
+
+    def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+        """[N] rewards, [N] group ids -> [N] advantages."""
+        ...
+
+    def normaliser(self, lengths: Sequence[int]) -> float:
+        """What the whole batch's summed loss is divided by, from the lengths of the completions that get one."""
+        ...
+
+    def __call__(
+        self,
+        new_logprobs: torch.Tensor,
+        old_logprobs: torch.Tensor,
+        advantages: torch.Tensor,
+        mask: torch.Tensor,
+        normaliser: float,
+        ref_logprobs: torch.Tensor | None = None,
+        proximal_logprobs: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, LossStats]:
+        """One micro-batch's loss, pre-divided by the batch's normaliser, and its detached statistics."""
+        ...
+
+
+@runtime_checkable
+class Trainer(Protocol):
+    """Owns the policy and its optimizer; one `step` = one optimizer update (advantages included)."""
+
+    steps: int  # optimizer steps the run is configured for
+    version: int  # bumped by every applied update: the policy version the engine should serve
+
+    @property
+    def policy(self) -> Policy: ...
+
+    def setup(self, model_path: Path, device: torch.device, pad_id: int) -> None:
+        """Load the policy on `device` and build the optimizer."""
+        ...
+
+    def step(self, groups: Sequence[RolloutGroup], rewards: Sequence[float], temperature: float) -> dict[str, float]:
+        """Group advantages from `rewards` ([N], group order), one update; returns metrics to log."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def close(self) -> None:
+        """Release what `setup` started beyond this process (a sharded trainer's rank actors)."""
+        ...
+
+
+@runtime_checkable
+class Placement(Protocol):
+    """Where the engine and the trainer live and how they hand the device to each other."""
+
+    sleep_level: int  # vLLM sleep level while the trainer runs; 0 = the engine keeps its memory
+
+    def place(self, engine: RolloutEngine) -> RolloutEngine:
+        """The engine the runner should use: `engine` itself, or a handle to copies of it placed elsewhere."""
+        ...
+
+    def trainer_device(self) -> torch.device:
+        """Valid once the engine is connected (where engines went decides what is left)."""
+        ...
+
+    def before_rollout(self, engine: RolloutEngine) -> None: ...
+
+    def before_train(self, engine: RolloutEngine) -> None: ...
+
+    def before_sync(self, engine: RolloutEngine) -> None: ...
+
+    def restart_engines(self, engine: RolloutEngine, attempt: int) -> None:
+        """Replace engines that died (after a back-off), or raise when that is not possible or too often."""
+        ...
+
+    def check(self, trainer: Any, bridge: Any) -> list[str]:
+        """What this machine or cluster cannot give the configured trainer and engines (GPUs, a reachable
+        Ray cluster, a trainer kind this placement cannot host); checked before anything loads."""
+        ...
+
+    def close(self) -> None:
+        """Release what `place` started (processes, actors)."""
+        ...
