@@ -107,6 +107,7 @@ class Outbox:
         with self._lock:
             if self._queue and self._queue[0] is record:
                 self._queue.popleft()
+            self._lock.notify_all()  # a closer waiting for the queue to empty
 
     def _failed(self, err: BaseException) -> float:
         if not self.away:
