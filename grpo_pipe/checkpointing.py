@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 
 from grpo_pipe.checkpoint_manifest import ManifestedFolder, describe, fsync, manifest_problems
 from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.halt import halt_point
 
 STEP_PREFIX = "step-"
 FILES = ("trainer.pt", "loop.json", "config.yaml")  # what every checkpoint holds, besides its manifest
@@ -133,6 +134,7 @@ class CheckpointManager:
         try:
             files = ManifestedFolder(Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root)))
             files.write("trainer.pt", lambda f: torch.save(dict(trainer_state), cast(IO[bytes], f)))  # writes, flushes
+            halt_point("checkpoint", step)  # (a test's kill point: a torn checkpoint; no-op otherwise)
             files.write("loop.json", lambda f: f.write(json.dumps(loop_state, indent=1, default=_jsonable).encode()))
             files.write("config.yaml", lambda f: f.write(config_yaml.encode()))
             files.write_manifest()  # last: a checkpoint folder holding a manifest is whole

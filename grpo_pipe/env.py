@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -64,3 +65,29 @@ def mlflow_tracking_uri(configured: str | None = None) -> str:
     if configured:
         return configured
     return os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def bound_mlflow_http_waits(timeout_s: int = 10, retries: int = 1) -> None:
+    """MLflow's HTTP client retries a failed request for minutes by default (7 retries, back-off factor 2,
+    120 s timeout); the tracker retries on its own terms instead, so one attempt must fail fast. A value the
+    user exported is kept. Read by MLflow at every request, so this holds for the whole process."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(retries))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(timeout_s))
+
+
+@dataclass(frozen=True)
+class HaltRequest:
+    points: tuple[tuple[str, int], ...]  # (point, step) pairs
+    marker: Path
+
+
+def halt_request() -> HaltRequest | None:
+    """A fault-injection point for tests: `GRPO_PIPE_HALT_AT=<point>@<step>[,<point>@<step>...]` holds the job at
+    those points (`grpo_pipe.halt`), each time writing the file `GRPO_PIPE_HALT_MARKER` and going on once it is
+    removed. Unset in any real run."""
+    spec, marker = os.environ.get("GRPO_PIPE_HALT_AT"), os.environ.get("GRPO_PIPE_HALT_MARKER")
+    if not spec or not marker:
+        return None
+    points = tuple((point, int(step)) for point, _, step in (item.partition("@") for item in spec.split(",")))
+    return HaltRequest(points, Path(marker))

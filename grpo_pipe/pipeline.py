@@ -53,7 +53,10 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
         tags={"grpo_pipe.output_dir": str(job.output_dir), **job.tags},
         sweep_dir=job.sweep_dir,
         resume_run_id=resume_from.loop_state()["mlflow_run_id"] if resume_from is not None else None,
+        output_dir=job.output_dir,
     )
+    if resume_from is not None:  # the steps after this checkpoint are done again
+        tracker.set_tags({"grpo_pipe.resumed_from_step": str(resume_from.step)})
     config_yaml = OmegaConf.to_yaml(OmegaConf.create(_plain(cfg)))
     recipe = GRPORecipe(parts, config_yaml, job.output_dir, job.overrides)
     status = "FAILED"

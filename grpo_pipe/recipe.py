@@ -23,6 +23,7 @@ from grpo_pipe.checkpointing import Checkpoint
 from grpo_pipe.components import Components
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.data.rows import bad_rows_problem
+from grpo_pipe.halt import halt_point
 from grpo_pipe.held_out import HeldOutEvaluation
 from grpo_pipe.interfaces import HasSourceFiles, RolloutSource, TriesOnTasks
 from grpo_pipe.models.custom_code import loader_options
@@ -118,6 +119,7 @@ class GRPORecipe:
                     metrics.update(self.evaluate(step))
                 if step not in already_logged:
                     p.logger.log_metrics(metrics, step=step)
+                p.logger.set_tags({"grpo_pipe.last_step": str(step)})  # where a run killed outright stopped
                 for report in p.curriculum.take_reports(self.output_dir / "curriculum"):
                     p.logger.log_artifact(report, "curriculum")
                 progress.update(step, metrics)
@@ -136,6 +138,7 @@ class GRPORecipe:
         p, rec = self.parts, self.recorder
         rec.begin()
         with rec.phase("rollouts"):
+            halt_point("generation", step)                                  # (a test's kill point; no-op otherwise)
             groups = self._take_rollouts(step)                              # 1. pick tasks, roll out (scheduler)
         with rec.phase("reward"):
             scored = p.reward(groups)                                       # 2. score every completion
@@ -148,6 +151,7 @@ class GRPORecipe:
         with rec.training():                                                # 5. advantages + one update
             rec.add(p.trainer.step(groups, scored.values, self.sampling.temperature))
         self.trained_through = step
+        halt_point("update", step)                                          # (a test's kill point; no-op otherwise)
         rec.synced(self._sync_if_due())                                     # 6. new weights to the engine
         with rec.phase("schedule"):
             self._schedule_rollouts(steps_done=step)                        # 7. the engine's next work, now
@@ -174,6 +178,7 @@ class GRPORecipe:
         saved = p.checkpoint.save(step, p.trainer.state_dict(), loop_state, self.config_yaml)
         if saved is not None:  # None: the write failed and checkpoint.on_save_error=warn let the run go on
             log.info("Checkpoint written: %s", saved.path)
+            p.logger.set_tags({"grpo_pipe.last_checkpoint": str(saved.path), "grpo_pipe.last_checkpoint_step": str(step)})
 
     def restore(self, checkpoint: Checkpoint) -> int:
         """Put trainer, curriculum, scheduler and engine back where the checkpoint left them; returns the next step."""

@@ -59,6 +59,7 @@ UNIT_MODULES = {
     "tests/data/test_reasoning_gym.py",
     "tests/test_lint.py",
     "tests/tracking/test_run_tags.py",
+    "tests/tracking/test_outbox.py",
     "tests/config/test_overrides.py",
     "tests/config/test_sources.py",
     "tests/test_packaging.py",

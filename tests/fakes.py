@@ -198,8 +198,11 @@ class ListTracker:
         self.metrics: list[tuple[int, dict[str, float]]] = []
 
     def start(
-        self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None, resume_run_id: str | None = None
+        self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None, resume_run_id: str | None = None,
+        output_dir: Path | None = None,
     ) -> None: ...
+
+    def set_tags(self, tags: Mapping[str, str]) -> None: ...
 
     def logged_steps(self, key: str) -> set[int]:
         return set()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_pipe.tracking.comparison_plots import write_page, write_plots
-from grpo_pipe.tracking.mlflow_tracker import MAX_PARAM_CHARS
+from grpo_pipe.tracking.mlflow_records import MAX_PARAM_CHARS
 from grpo_pipe.tracking.sweep_runs import ChildResult, read_children, swept_keys
 
 log = logging.getLogger(__name__)

@@ -6,24 +6,35 @@ Hydra launcher (sequential or parallel) without state shared between jobs.
 What a person sees first in the MLflow UI is arranged here: the experiment is marked as model training
 (not GenAI), and the few numbers that answer "did it learn, and how fast" are copied under `Headline/`,
 which sorts before every lower-case section of the chart view.
+
+A tracking server may go away during a run: creating the run needs it (a server that does not answer then is a
+`ConfigError` before any model loads: nothing is lost yet), but after that every log call only queues a record
+that an `Outbox` delivers in the background, retrying with back-off; see `tracking/outbox.py`. What is still
+undelivered when the run ends is written to `mlflow_pending.jsonl` in the job's folder, with the command that
+uploads it. The run's progress is kept in tags as it goes (`grpo_pipe.last_step`, `grpo_pipe.last_checkpoint`),
+and a resume records how the earlier attempt ended, so a run killed outright (SIGKILL, out of memory) shows where
+it stopped.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.env import mlflow_tracking_uri
+from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.env import bound_mlflow_http_waits, mlflow_tracking_uri
+from grpo_pipe.tracking import mlflow_records as records
+from grpo_pipe.tracking.outbox import PENDING_FILE, UPLOAD_COMMAND, Outbox, store_refused, write_pending
 
 log = logging.getLogger(__name__)
 
 SWEEP_TAG = "grpo_pipe.sweep_dir"
 ROLE_TAG = "grpo_pipe.role"
-MAX_PARAM_CHARS = 6000  # MLflow's limit on one param value
+ATTEMPT_TAG = "grpo_pipe.attempt"  # 1 for a new run, +1 on each resume of it
+LAST_STEP_TAG = "grpo_pipe.last_step"  # the last step whose metrics were logged (the recipe keeps it current)
 # MLflow 3 opens an experiment in its GenAI view unless it is marked as model development.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 MODEL_TRAINING_KIND = "custom_model_development"
@@ -71,6 +82,8 @@ class MlflowTracker:
         artifact_location: str | None = "outputs/mlartifacts",
         system_metrics: bool = True,
         system_metrics_interval_s: int = 10,
+        retry_max_s: float = 60.0,
+        flush_timeout_s: float = 60.0,
     ) -> None:
         self.tracking_uri = resolve_tracking_uri(tracking_uri)
         self.experiment = experiment
@@ -80,10 +93,15 @@ class MlflowTracker:
             self.artifact_location = Path(artifact_location).resolve().as_uri()
         self.system_metrics = system_metrics
         self.system_metrics_interval_s = system_metrics_interval_s
+        self.retry_max_s = retry_max_s
+        self.flush_timeout_s = flush_timeout_s
         self.run_id: str | None = None
         self.parent_run_id: str | None = None
+        self.pending_file: Path | None = None  # where undelivered records go at the end (the job's folder)
+        self._experiment_id_cached: str | None = None
         self._client: Any = None
         self._monitor: Any = None
+        self._outbox: Outbox | None = None
 
     def config_problems(self) -> list[str]:
         """A local store or artifact folder this process cannot write: named before anything loads, not met as a
@@ -99,29 +117,75 @@ class MlflowTracker:
         return problems
 
     def start(
-        self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None, resume_run_id: str | None = None
+        self,
+        run_name: str,
+        tags: Mapping[str, str],
+        sweep_dir: str | None = None,
+        resume_run_id: str | None = None,
+        output_dir: Path | None = None,
     ) -> None:
-        """A new run, or with `resume_run_id` the same run continued (a resumed job)."""
+        """A new run, or with `resume_run_id` the same run continued (a resumed job). Talks to the store directly:
+        a server that does not answer here is a `ConfigError` (nothing has run yet, so nothing is lost)."""
         from mlflow.tracking import MlflowClient
 
+        bound_mlflow_http_waits()
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
+        self.pending_file = None if output_dir is None else Path(output_dir) / PENDING_FILE
+        try:
+            self._open_run(run_name, tags, sweep_dir, resume_run_id)
+        except Exception as err:
+            if store_refused(err) or is_local_store(self.tracking_uri):
+                raise
+            raise ConfigError([
+                f"logger.tracking_uri={self.tracking_uri}: the tracking server does not answer ({err}). Nothing has "
+                "run yet: start the server (or choose another with logger.tracking_uri=..., or logger=none) and run "
+                "the same command again"
+            ]) from None
+        self._outbox = Outbox(lambda record: records.send(self._client, self._run(), record), self.tracking_uri,
+                              max_backoff_s=self.retry_max_s)
+        self._outbox.start()
+        self._start_system_metrics(resumed=resume_run_id is not None)
+
+    def _open_run(
+        self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None, resume_run_id: str | None
+    ) -> None:
         if resume_run_id is not None:
-            self._client.update_run(resume_run_id, status="RUNNING")
-            self.run_id = resume_run_id
-            self.parent_run_id = self._client.get_run(resume_run_id).data.tags.get("mlflow.parentRunId")
-            self._start_system_metrics(resumed=True)
+            self._continue_run(resume_run_id)
             return
         experiment_id = self._experiment_id()
-        all_tags = dict(tags)
+        all_tags = {**tags, ATTEMPT_TAG: "1"}
         if sweep_dir is not None:
             self.parent_run_id = self._find_or_create_parent(experiment_id, sweep_dir)
             all_tags["mlflow.parentRunId"] = self.parent_run_id
             all_tags[ROLE_TAG] = "child"
         run = self._client.create_run(experiment_id, run_name=run_name, tags=all_tags)
         self.run_id = run.info.run_id
-        self._start_system_metrics(resumed=False)
+
+    def _continue_run(self, run_id: str) -> None:
+        """Note how the earlier attempt ended, then mark the run RUNNING again. A run still RUNNING was never
+        closed: its process was killed outright (SIGKILL, out of memory, the machine lost)."""
+        earlier = self._client.get_run(run_id)
+        attempt = int(earlier.data.tags.get(ATTEMPT_TAG, "1"))
+        status = earlier.info.status
+        ended = "killed (never closed: SIGKILL, out of memory or machine lost)" if status == "RUNNING" else status
+        last_step = earlier.data.tags.get(LAST_STEP_TAG, "none")
+        self._client.log_batch(run_id, tags=[
+            _tag(f"grpo_pipe.attempt_{attempt}.ended", f"{ended} after step {last_step}"),
+            _tag(ATTEMPT_TAG, str(attempt + 1)),
+        ])
+        log.info("MLflow run %s: attempt %d ended %s after step %s; attempt %d begins", run_id, attempt, ended,
+                 last_step, attempt + 1)
+        self._client.update_run(run_id, status="RUNNING")
+        self.run_id = run_id
+        self.parent_run_id = earlier.data.tags.get("mlflow.parentRunId")
+        self._experiment_id_cached = earlier.info.experiment_id  # `describe()` at the end needs no server
 
     def _experiment_id(self) -> str:
+        if self._experiment_id_cached is None:
+            self._experiment_id_cached = self._find_or_create_experiment()
+        return self._experiment_id_cached
+
+    def _find_or_create_experiment(self) -> str:
         found = self._client.get_experiment_by_name(self.experiment)
         if found is None:
             try:
@@ -157,36 +221,28 @@ class MlflowTracker:
         return parent.info.run_id
 
     def log_params(self, params: Mapping[str, Any]) -> None:
-        from mlflow.entities import Param
-
-        items = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in params.items()]
-        for start in range(0, len(items), 100):  # MLflow's batch limit
-            self._client.log_batch(self._run(), params=items[start : start + 100])
+        for record in records.param_records(params):
+            self._put(record)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        import time
-
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
         with_headline = {**metrics, **{HEADLINE[k]: v for k, v in metrics.items() if k in HEADLINE}}
-        items = [
-            Metric(k, float(v), now, step) for k, v in with_headline.items() if v is not None and math.isfinite(float(v))
-        ]
-        for start in range(0, len(items), 1000):
-            self._client.log_batch(self._run(), metrics=items[start : start + 1000])
+        for record in records.metric_records(with_headline, step):
+            self._put(record)
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        self._put(records.tag_record(tags))
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        if Path(path).is_dir():
-            self._client.log_artifacts(self._run(), str(path), artifact_path)
-        else:
-            self._client.log_artifact(self._run(), str(path), artifact_path)
+        self._put(records.artifact_record(path, artifact_path))
 
     def log_table(self, rows: Sequence[Mapping[str, Any]], artifact_file: str) -> None:
-        if not rows:
-            return
-        columns = {key: [row.get(key) for row in rows] for key in rows[0]}
-        self._client.log_table(self._run(), data=columns, artifact_file=artifact_file)
+        if rows:
+            self._put(records.table_record(rows, artifact_file))
+
+    def _put(self, record: records.Record) -> None:
+        if self._outbox is None:
+            raise RuntimeError("tracker used before start()")
+        self._outbox.put(record)
 
     def logged_steps(self, key: str) -> set[int]:
         """Steps at which `key` was logged in this run (a resumed run does not log a step twice)."""
@@ -196,19 +252,40 @@ class MlflowTracker:
         return describe_store(self.tracking_uri, self.experiment, self._experiment_id(), self.run_id)
 
     def close(self, status: str = "FINISHED") -> None:
+        """End the run: deliver what is pending (waiting at most `flush_timeout_s` for an absent server); what
+        still could not be delivered goes to `mlflow_pending.jsonl`, with the command that uploads it."""
         if self._monitor is not None:
             self._monitor.finish()  # before the run ends: it logs its last samples to the run
             self._monitor = None
-        if self._client is not None and self.run_id is not None:
-            self._client.set_terminated(self.run_id, status=status)
-            if self.parent_run_id is not None:
-                # The parent ends with its last child; a later child of the same sweep re-opens it.
-                self._client.update_run(self.parent_run_id, status=status)
+        if self._outbox is None or self.run_id is None:
+            return
+        self._outbox.put(records.end_record(status, self.parent_run_id))
+        undelivered = self._outbox.close(self.flush_timeout_s)
+        self._outbox = None
+        if not undelivered:
+            return
+        if self.pending_file is None:
+            log.error("The tracking server %s did not come back: %d record(s) of run %s are lost",
+                      self.tracking_uri, len(undelivered), self.run_id)
+            return
+        header = {"kind": "header", "tracking_uri": self.tracking_uri, "run_id": self.run_id}
+        write_pending(undelivered, self.pending_file, header)
+        log.warning(
+            "The tracking server %s did not come back within %.0f s: %d record(s) of run %s are kept in %s. "
+            "Upload them when it answers: %s %s", self.tracking_uri, self.flush_timeout_s, len(undelivered),
+            self.run_id, self.pending_file, UPLOAD_COMMAND, self.pending_file,
+        )
 
     def _run(self) -> str:
         if self.run_id is None:
             raise RuntimeError("tracker used before start()")
         return self.run_id
+
+
+def _tag(key: str, value: str) -> Any:
+    from mlflow.entities import RunTag
+
+    return RunTag(key, value)
 
 
 def _unwritable(folder: Path) -> str | None:

@@ -11,8 +11,16 @@ class NullTracker:
     run_id: str | None = None
 
     def start(
-        self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None, resume_run_id: str | None = None
+        self,
+        run_name: str,
+        tags: Mapping[str, str],
+        sweep_dir: str | None = None,
+        resume_run_id: str | None = None,
+        output_dir: Path | None = None,
     ) -> None:
+        pass
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
         pass
 
     def logged_steps(self, key: str) -> set[int]:

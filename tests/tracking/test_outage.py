@@ -1,0 +1,208 @@
+"""The tracking server goes away mid-run: a real `mlflow server` (sqlite backend) on 127.0.0.1, a real job logging to
+it over HTTP, the server stopped and started again on the same port and store while the job trains. Training goes
+on, the job warns once when the server goes and once when it is back, and afterwards every step's metrics are in
+MLflow exactly once. When the server does not come back before the run ends, the job still ends normally, leaves
+its undelivered records in its folder, and the upload command delivers them once the server answers.
+
+No timing window is relied on: the job is held at the start of a step's generation (`GRPO_PIPE_HALT_AT`) while the
+test stops or starts the server, and the end of the run waits for a server that is coming back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import REPO, TINY
+
+STEPS = 5
+BASE = [o for o in TINY if not o.startswith(("trainer.steps", "run.eval_size"))] + [
+    f"trainer.steps={STEPS}", "run.eval_size=2", "logger.system_metrics=false", "logger.retry_max_s=2",
+]
+KEYS = ("policy/version", "train/loss", "train/reward/mean", "Headline/reward")
+
+
+class Server:
+    """`mlflow server` on a fixed port and store, which the test can stop and start again."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        self.starts += 1
+        log = self.folder / f"server-{self.starts}.log"
+        with log.open("w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{self.folder}/server.db",
+                 "--serve-artifacts", "--artifacts-destination", str(self.folder / "artifacts"),
+                 "--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"],
+                stdout=out, stderr=subprocess.STDOUT, cwd=self.folder, start_new_session=True,
+                env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+            )
+        deadline = time.monotonic() + 300  # ~20-35 s on an idle 2-core machine, much more beside other work
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"mlflow server exited with {self.proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=5) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.5)
+        pytest.fail(f"mlflow server did not answer /health:\n{log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        """The whole session (`mlflow server` starts uvicorn as a child); returns once nothing listens."""
+        if self.proc is None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # a child that outlived its leader
+        except ProcessLookupError:
+            pass
+        self.proc = None
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    folder = tmp_path / "server"
+    folder.mkdir()
+    found = Server(folder)
+    found.start()
+    try:
+        yield found
+    finally:
+        found.stop()
+
+
+class Job:
+    """The job in a subprocess, held at chosen points: `wait_halted` returns when it is held, `release` lets go."""
+
+    def __init__(self, tmp_path: Path, uri: str, halts: str, *extra: str) -> None:
+        self.run_dir, self.marker, self.out = tmp_path / "run", tmp_path / "halted", tmp_path / "job.log"
+        env = {**os.environ, "COLUMNS": "1000", "GRPO_PIPE_HALT_AT": halts, "GRPO_PIPE_HALT_MARKER": str(self.marker)}
+        with self.out.open("w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "grpo_pipe", *BASE, f"hydra.run.dir={self.run_dir}",
+                 f"logger.tracking_uri={uri}", *extra],
+                cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env,
+            )
+
+    def wait_halted(self, point: str) -> None:
+        deadline = time.monotonic() + 600
+        while not (self.marker.exists() and self.marker.read_text().strip() == point):
+            assert self.proc.poll() is None, f"the job ended before {point}:\n{self.log()[-3000:]}"
+            assert time.monotonic() < deadline, f"the job did not reach {point}"
+            time.sleep(0.1)
+
+    def release(self) -> None:
+        self.marker.unlink()
+
+    def finish(self) -> str:
+        self.proc.wait(timeout=900)
+        assert self.proc.returncode == 0, self.log()[-4000:]
+        return self.log()
+
+    def log(self) -> str:
+        return self.out.read_text()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def _the_run(uri: str, run_dir: Path):
+    client = MlflowClient(tracking_uri=uri)
+    [run] = client.search_runs([client.get_experiment_by_name("grpo_pipe").experiment_id],
+                               filter_string=f"tags.`grpo_pipe.output_dir` = '{run_dir}'")
+    return client, run
+
+
+def _assert_every_step_once(uri: str, run_dir: Path) -> None:
+    client, run = _the_run(uri, run_dir)
+    for key in KEYS:
+        steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, key))
+        assert steps == list(range(1, STEPS + 1)), (key, steps)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["grpo_pipe.last_step"] == str(STEPS)
+    assert "eval/accuracy" in run.data.metrics  # the final evaluation, logged at the end of the run
+
+
+def test_the_server_goes_away_and_comes_back_mid_run_and_no_metric_is_lost(server: Server, tmp_path: Path) -> None:
+    job = Job(tmp_path, server.uri, "generation@2,generation@4", "logger.flush_timeout_s=600")
+    try:
+        job.wait_halted("generation@2")  # step 1 done and handed to the tracker
+        server.stop()
+        job.release()  # steps 2 and 3 train while nothing answers
+        job.wait_halted("generation@4")
+        server.start()  # the same port and store
+        job.release()
+        out = job.finish()
+    finally:
+        job.kill()
+    assert out.count("does not answer") == 1, out[-4000:]
+    assert out.count("answers again") == 1 and "delivered late, none lost" in out
+    assert not (job.run_dir / "mlflow_pending.jsonl").exists()
+    _assert_every_step_once(server.uri, job.run_dir)
+
+
+def test_a_server_that_never_comes_back_leaves_a_file_the_upload_command_delivers(server: Server, tmp_path: Path) -> None:
+    job = Job(tmp_path, server.uri, "generation@2", "logger.flush_timeout_s=5")
+    try:
+        job.wait_halted("generation@2")
+        server.stop()
+        job.release()
+        out = job.finish()  # the run ends normally
+    finally:
+        job.kill()
+    pending = job.run_dir / "mlflow_pending.jsonl"
+    assert pending.is_file() and "does not answer" in out
+    assert f"python -m grpo_pipe.tracking.upload {pending}" in out  # the command to run later
+
+    server.start()
+    upload = [sys.executable, "-m", "grpo_pipe.tracking.upload", str(pending)]
+    done = subprocess.run(upload, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    again = subprocess.run(upload, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 2 and "uploaded" in again.stderr  # nothing sent twice
+    _assert_every_step_once(server.uri, job.run_dir)
+
+
+def test_a_server_that_does_not_answer_at_the_start_is_one_error_before_anything_loads(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # nothing listens there
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_pipe", *BASE, f"hydra.run.dir={tmp_path}/run",
+         f"logger.tracking_uri=http://127.0.0.1:{port}"],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "1000"},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert f"logger.tracking_uri=http://127.0.0.1:{port}: the tracking server does not answer" in out
+    assert "Invalid config" in out and "Traceback" not in out
+    checkpoints = tmp_path / "run" / "checkpoints"
+    assert "Before training" not in out and not (checkpoints.exists() and any(checkpoints.iterdir()))
+    assert time.monotonic() - started < 120
