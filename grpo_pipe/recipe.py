@@ -103,7 +103,7 @@ class GRPORecipe:
         """Steps `first_step`..`trainer.steps`, until done, out of time, early-stopped or asked to stop."""
         p, steps = self.parts, self.parts.trainer.steps
         already_logged = p.logger.logged_steps("policy/version")  # steps a crashed run logged past its checkpoint
-        loop_started, stopped_by = time.time(), None
+        loop_started, ended_by = time.time(), None  # a signal, early stopping or the time budget
         max_minutes = p.run.max_minutes
         deadline = None if max_minutes is None else loop_started + 60.0 * max_minutes
         self.scheduler.guard = stop.interruptible  # a stop signal abandons a generation in progress
@@ -112,8 +112,8 @@ class GRPORecipe:
                 try:
                     metrics = self._step_or_save(step)
                 except GenerationInterrupted:  # the abandoned batch was this step's: the last finished is step - 1
-                    stopped_by = stop.reason
-                    self._save_interrupted(step, stopped_by)
+                    ended_by = stop.reason
+                    self._save_interrupted(step, ended_by)
                     break
                 if self.held_out.due(step, steps):
                     metrics.update(self.evaluate(step))
@@ -125,13 +125,13 @@ class GRPORecipe:
                 progress.update(step, metrics)
                 out_of_time = deadline is not None and time.time() >= deadline
                 early = self.held_out.should_stop and self.held_out.last.step == step
-                stopped_by = stop.reason or ("early_stopping" if early else None) or ("time_budget" if out_of_time else None)
-                if p.checkpoint.due(step, steps) or stopped_by:
+                ended_by = stop.reason or ("early_stopping" if early else None) or ("time_budget" if out_of_time else None)
+                if p.checkpoint.due(step, steps) or ended_by:
                     self.save(step)
-                if stopped_by:
-                    log.warning("Stopping after step %d (%s)", step, stopped_by)
+                if ended_by:
+                    log.warning("Stopping after step %d (%s)", step, ended_by)
                     break
-        return self._finish(time.time() - loop_started, ended_by=stopped_by)
+        return self._finish(time.time() - loop_started, ended_by=ended_by)
 
     def train_step(self, step: int) -> dict[str, float]:
         """One GRPO step. Rollouts for this step were scheduled during the previous one."""

@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from grpo_pipe.bridges.files import copy_tokenizer_files
 from grpo_pipe.components import Components, build
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.interfaces import Reward
 from grpo_pipe.prompts import chat_messages
@@ -147,7 +148,7 @@ def accuracy_of(tasks: Sequence[Task], prompts: Sequence[Sequence[int]], texts: 
     groups = [RolloutGroup(task, tuple(prompt), (_completion(text),)) for task, prompt, text in zip(tasks, prompts, texts)]
     correct = reward(groups).correct
     if correct is None:
-        raise ValueError("the learning benchmark grades by the reward's `correct` flags; this reward gives none")
+        raise ConfigError(["reward: the learning benchmark grades by the reward's `correct` flags; this reward gives none"])
     return sum(correct) / max(len(correct), 1)
 
 

@@ -42,6 +42,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import PrinterCallback
 
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.rewards.answers import is_correct
 
 log = logging.getLogger(__name__)
@@ -169,7 +170,7 @@ def _check_arguments(
         if not ok
     ]
     if problems:
-        raise ValueError("train_trl: " + "; ".join(problems))
+        raise ConfigError([f"train_trl: {problem}" for problem in problems])
 
 
 def _import_trl() -> tuple[Any, Any]:

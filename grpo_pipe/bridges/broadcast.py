@@ -58,8 +58,12 @@ class BroadcastBridge:
         host: str = "127.0.0.1",
         timeout_s: float = 120.0,
     ) -> None:
-        if bucket_mb < 1:
-            raise ConfigError([f"weight_bridge.bucket_mb={bucket_mb}: must be >= 1"])
+        problems = [message for ok, message in (
+            (bucket_mb >= 1, f"weight_bridge.bucket_mb={bucket_mb}: must be >= 1"),
+            (backend in ("auto", "gloo", "nccl"), f"weight_bridge.backend={backend!r}: allowed: auto, gloo, nccl"),
+        ) if not ok]
+        if problems:
+            raise ConfigError(problems)
         self.sync_every = check_sync_every(sync_every)
         self.backend = backend
         self.bucket_bytes = bucket_mb * 2**20

@@ -124,7 +124,7 @@ def _group_on(
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = timeout
         return cast(Group, dist.ProcessGroupNCCL(store, rank, world_size, options))
-    raise ValueError(f"backend={backend!r}; allowed: 'gloo', 'nccl'")
+    raise AssertionError(f"backend={backend!r}: the bridge resolves it to gloo or nccl")  # checked in the config
 
 
 def broadcast(group: Group, tensor: torch.Tensor) -> None:

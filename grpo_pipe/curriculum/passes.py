@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.types import Task
 
 
@@ -22,7 +23,7 @@ class ShuffledPasses:
 
     def attach(self, tasks: Sequence[Task]) -> None:
         if not tasks:
-            raise ValueError("the train split is empty (check data.* settings and the skipped-row warnings)")
+            raise ConfigError(["data: the train split is empty (check data.* settings and the skipped-row warnings)"])
         self.tasks = list(tasks)
         self._order = self._permutation()
 

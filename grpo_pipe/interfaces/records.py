@@ -49,8 +49,16 @@ class Tracker(Protocol):
     run_id: str | None
 
     def start(
-        self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None, resume_run_id: str | None = None
-    ) -> None: ...
+        self,
+        run_name: str,
+        tags: Mapping[str, str],
+        sweep_dir: str | None = None,
+        resume_run_id: str | None = None,
+        output_dir: Path | None = None,
+    ) -> None:
+        """Open the run (or continue `resume_run_id`); `output_dir` is the job's folder, where a tracker may leave
+        what it could not deliver."""
+        ...
 
     def logged_steps(self, key: str) -> set[int]:
         """Steps already logged for `key` (empty for a new run)."""
@@ -58,7 +66,13 @@ class Tracker(Protocol):
 
     def log_params(self, params: Mapping[str, Any]) -> None: ...
 
-    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        """Must not wait on the network for long: a tracking server that is away cannot hold training up."""
+        ...
+
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Run-level facts that change as the run goes (the last step logged, the last checkpoint)."""
+        ...
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
 
