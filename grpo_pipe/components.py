@@ -69,7 +69,8 @@ def build(cfg: DictConfig) -> Components:
     validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)
     built = instantiate_components(cfg, COMPONENT_GROUPS, nested=("policy", "loss", "optimizer"))
     # Paths, columns, importable functions: checked on the built components, still before anything loads.
-    problems = [f"{g}.{p}" for g, part in built.items() if isinstance(part, ChecksItsConfig) for p in part.config_problems()]
+    problems = [p if p.startswith(f"{g}.") else f"{g}.{p}"  # a component may name its own keys in full
+                for g, part in built.items() if isinstance(part, ChecksItsConfig) for p in part.config_problems()]
     if problems:
         raise ConfigError(problems)
     parts = Components(**built)

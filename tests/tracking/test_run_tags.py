@@ -52,7 +52,10 @@ def test_sampling_settings_the_trainer_does_not_follow_are_refused_with_the_reas
     assert not [p for p in RunSettings().config_problems() if p]
 
 
-def test_vllm_sampling_parameters_pass_through_only_where_the_distribution_stays_the_trainers() -> None:
+def test_vllm_sampling_parameters_pass_through_only_where_the_distribution_stays_the_trainers(compose_cfg) -> None:
+    from grpo_pipe.components import build
+    from grpo_pipe.config.validate import ConfigError
+
     ok = RunSettings(sampling_extra={"stop": ["\n\n"], "stop_token_ids": [2], "ignore_eos": False})
     assert not [p for p in ok.config_problems() if p]
     problems = [p for p in RunSettings(sampling_extra={"presence_penalty": 0.5, "n": 4, "stop_token_id": [2]})
@@ -62,6 +65,9 @@ def test_vllm_sampling_parameters_pass_through_only_where_the_distribution_stays
     assert penalty.startswith("run.sampling_extra.presence_penalty: changes the distribution")
     assert n.startswith("run.sampling_extra.n: set by curriculum.samples_per_prompt")
     assert "did you mean stop_token_ids" in typo and typo.endswith("allowed: " + ", ".join(PASSED_THROUGH))
+    with pytest.raises(ConfigError) as caught:  # before anything loads, each key named once, in full
+        build(compose_cfg(["+run.sampling_extra.presence_penalty=0.5"]))
+    assert caught.value.problems == [penalty]
 
 
 def test_a_sweeps_children_are_named_by_what_differs() -> None:
