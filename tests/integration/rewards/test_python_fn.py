@@ -1,0 +1,147 @@
+"""reward=python: a TRL-style function gets per-completion columns (metadata included); None and bad returns."""
+
+from pathlib import Path
+
+import pytest
+
+from grpo_pipe.rewards.python_fn import PythonFunctionReward
+from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, Task
+
+SEEN: dict = {}
+
+
+def record_and_score(completions, prompts, answers, level, **kwargs):
+    SEEN.update(completions=completions, prompts=prompts, answers=answers, level=level, extra=sorted(kwargs))
+    return [None if c == "skip" else float(c == a) + 0.1 * lv for c, a, lv in zip(completions, answers, level)]
+
+
+def only_completions(completions):
+    return [0.5] * len(completions)
+
+
+def wrong_length(completions, **_):
+    return [1.0]
+
+
+def trl_accuracy(completions, answer, **kwargs):
+    """The shape TRL's documentation uses: the dataset's `answer` column under its own name."""
+    return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+
+def raises(completions, **_):
+    raise KeyError("level")
+
+
+def infinite(completions, **_):
+    return [float("inf")] * len(completions)
+
+
+def not_a_number(completions, **_):
+    return [float("nan")] * len(completions)
+
+
+def misspelt(completions, answr):
+    return [0.0] * len(completions)
+
+
+def _completion(text: str) -> Completion:
+    return Completion((1, 2), (-0.1, -0.2), text, "stop", 0, RequestTelemetry(3, 2, 0))
+
+
+def _groups() -> list[RolloutGroup]:
+    first = Task("a", "q1", "7", metadata={"level": 1})
+    second = Task("b", "q2", "8", metadata={"level": 2}, messages=({"role": "user", "content": "q2"},))
+    return [
+        RolloutGroup(first, (1,), (_completion("7"), _completion("6"))),
+        RolloutGroup(second, (1,), (_completion("8"), _completion("skip"))),
+    ]
+
+
+def test_function_gets_columns_per_completion_and_none_counts_as_none_value() -> None:
+    reward = PythonFunctionReward(f"{__name__}:record_and_score", none_value=-1.0, success_at=1.0)
+    out = reward(_groups())
+    assert out.values == pytest.approx([1.1, 0.1, 1.2, -1.0])
+    assert out.correct == [True, False, True, False]
+    assert out.terms["record_and_score/applies"] == [1.0, 1.0, 1.0, 0.0]
+    assert SEEN["answers"] == ["7", "7", "8", "8"] and SEEN["level"] == [1, 1, 2, 2]
+    assert SEEN["prompts"][0] == "q1" and SEEN["prompts"][2] == [{"role": "user", "content": "q2"}]
+    assert SEEN["extra"] == ["answer", "completion_ids"]
+
+
+def test_function_receives_only_the_arguments_it_names() -> None:
+    out = PythonFunctionReward(f"{__name__}:only_completions", name="half", success_at=None)(_groups())
+    assert out.values == [0.5] * 4 and out.correct is None and "half" in out.terms
+
+
+def test_a_function_from_a_file_path(tmp_path: Path) -> None:
+    (tmp_path / "mine.py").write_text("def score(completions, **kw):\n    return [len(c) for c in completions]\n")
+    reward = PythonFunctionReward(f"{tmp_path}/mine.py:score")
+    assert reward.config_problems() == [] and reward(_groups()).values == [1.0, 1.0, 1.0, 4.0]
+
+
+def test_a_wrong_number_of_values_is_an_error() -> None:
+    with pytest.raises(ValueError, match="returned 1 values for 4 completions"):
+        PythonFunctionReward(f"{__name__}:wrong_length")(_groups())
+
+
+@pytest.mark.parametrize("spec", ["no_colon", "no_such_module_xyz:score", f"{__name__}:missing", "nofile.py:score"])
+def test_unimportable_functions_are_config_problems(spec: str) -> None:
+    (problem,) = PythonFunctionReward(spec).config_problems()
+    assert problem.startswith(f"fn={spec!r}: cannot be imported")
+    assert "allowed: 'package.module:function' or 'path/to/file.py:function'" in problem
+
+
+def test_a_trl_shaped_function_gets_the_answer_column_under_its_own_name() -> None:
+    out = PythonFunctionReward(f"{__name__}:trl_accuracy")(_groups())
+    assert out.values == [1.0, 0.0, 1.0, 0.0]
+
+
+@pytest.mark.parametrize(("fn", "says"), [
+    ("raises", "raised KeyError: 'level'"),
+    ("infinite", "returned inf; allowed: a finite number or None"),
+    ("not_a_number", "returned nan; allowed: a finite number or None"),
+    ("misspelt", "takes answr, which the data does not give; it can take: answer, answers, completion_ids, completions, "
+                 "level, prompts (or **kwargs)"),
+])
+def test_a_broken_function_is_found_on_a_few_rows_before_the_engine_starts(fn: str, says: str) -> None:
+    tasks = [g.task for g in _groups()]
+    (problem,) = PythonFunctionReward(f"{__name__}:{fn}").try_on(tasks)
+    assert problem.startswith(f"fn='{__name__}:{fn}'") and says in problem, problem
+    assert PythonFunctionReward(f"{__name__}:trl_accuracy").try_on(tasks) == []
+
+
+def test_non_finite_values_are_errors_wherever_the_reward_is_computed() -> None:
+    for fn in ("infinite", "not_a_number"):
+        with pytest.raises(TypeError, match="allowed: a finite number or None"):
+            PythonFunctionReward(f"{__name__}:{fn}")(_groups())
+
+
+def test_a_reward_that_raises_fails_the_job_in_seconds_before_any_model_loads(tmp_path: Path) -> None:
+    """From outside, as a user meets it: the command fails with the config error's one block naming the
+    function and what it raised; no engine started, no model was loaded."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, TINY
+
+    (tmp_path / "mine.py").write_text("def score(completions, answer, **kw):\n    return [1 / 0 for _ in completions]\n")
+    command = [sys.executable, "-m", "grpo_pipe", *TINY, "reward=python", f"reward.fn={tmp_path}/mine.py:score",
+               "logger=none", f"hydra.run.dir={tmp_path}/run"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = done.stdout + done.stderr
+    flat = " ".join(out.split())  # the console log wraps long lines
+    assert done.returncode != 0
+    assert "mine.py:score': called on 4 rows of the data with the completion" in flat, out[-2000:]
+    assert "raised ZeroDivisionError: division by zero" in flat
+    assert "vLLM engine up" not in out and "Loading weights" not in out
+
+
+def test_a_weighted_reward_tries_its_user_code_parts_and_names_them() -> None:
+    from grpo_pipe.rewards.correctness import CorrectnessReward
+    from grpo_pipe.rewards.weighted import WeightedReward
+
+    weighted = WeightedReward({"mine": PythonFunctionReward(f"{__name__}:raises"), "right": CorrectnessReward()},
+                              {"mine": 1.0, "right": 1.0})
+    (problem,) = weighted.try_on([g.task for g in _groups()])
+    assert problem.startswith(f"rewards.mine.fn='{__name__}:raises'") and "raised KeyError" in problem
+    assert weighted.source_files() == [Path(__file__)]

