@@ -79,15 +79,20 @@ def test_prompts_are_balanced_by_completions_across_replicas() -> None:
 
 @pytest.fixture
 def engine_nodes() -> Iterator[Any]:
-    """A head that takes no work and two one-CPU nodes: an engine replica fits on either, one at a time."""
+    """A head that takes no work and two one-CPU nodes: an engine replica fits on either, one at a time. This
+    process joins while the head is the only node, so it is the head's driver: Ray refuses to take down the node
+    a driver is attached to, and with several nodes on one host it would attach to any of them."""
+    import ray
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    ray.init(address=cluster.address)
     cluster.add_node(num_cpus=1)
     cluster.add_node(num_cpus=1)
     try:
         yield cluster
     finally:
+        ray.shutdown()
         cluster.shutdown()
 
 
