@@ -115,10 +115,14 @@ class BroadcastBridge:
         wire = [b.to_wire() for b in plan]
         receiving = _Call(lambda: engine.call_workers("grpo_receive_weights", wire, timeout_s=self.timeout_s))
         cursor = 0
-        for bucket in plan:
-            tensors = [t for _, t in weights[cursor : cursor + len(bucket.specs)]]
-            cursor += len(bucket.specs)
-            broadcast(self._group, pack(tensors))
+        try:
+            for bucket in plan:
+                tensors = [t for _, t in weights[cursor : cursor + len(bucket.specs)]]
+                cursor += len(bucket.specs)
+                broadcast(self._group, pack(tensors))
+        except RuntimeError:  # the receiving side went away mid-broadcast: its call says why (a lost engine
+            receiving.wait(self.timeout_s)  # raises EngineLost, which the runner recovers from)
+            raise
         sent = time.perf_counter()
         reports = receiving.wait(self.timeout_s)  # one per engine worker
         engine.after_external_weight_update()
