@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +30,11 @@ TASKS = [Task(f"t/{i}", f"{i} + 1", str(i + 1)) for i in range(8)]
 TELEMETRY = RequestTelemetry(prompt_tokens=4, generated_tokens=3, cached_prompt_tokens=0)
 
 
-def scored_groups() -> tuple[list[RolloutGroup], list[float]]:
+def scored_groups(seed: int = 0, truncated: Collection[tuple[int, int]] = ()) -> tuple[list[RolloutGroup], list[float]]:
     """Three groups of four seeded random completions (token ids within the tiny model's vocabulary) with their
-    rewards: what one optimisation step of the trainer takes, without an engine."""
-    gen = torch.Generator().manual_seed(0)
+    rewards: what one optimisation step of the trainer takes, without an engine. `truncated`: (group, sample)
+    pairs that hit the token budget instead of stopping."""
+    gen = torch.Generator().manual_seed(seed)
     groups = []
     for g in range(3):
         prompt = tuple(torch.randint(10, 400, (4 + g,), generator=gen).tolist())
@@ -41,7 +42,7 @@ def scored_groups() -> tuple[list[RolloutGroup], list[float]]:
             Completion(
                 tuple(torch.randint(10, 400, (2 + (i % 3),), generator=gen).tolist()),
                 tuple([-3.0] * (2 + (i % 3))),
-                "", "stop", 0, TELEMETRY,
+                "", "length" if (g, i) in truncated else "stop", 0, TELEMETRY,
             )
             for i in range(4)
         )

@@ -19,7 +19,8 @@ from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy
 from grpo_pipe.trainer.shard_worker import deal
 from grpo_pipe.trainer.sharded import ShardedTrainer
-from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, Task
+from grpo_pipe.types import RequestTelemetry, RolloutGroup
+from tests.fakes import scored_groups
 
 TELEMETRY = RequestTelemetry(prompt_tokens=4, generated_tokens=3, cached_prompt_tokens=0)
 SETTINGS = dict(steps=3, lr=1e-3, micro_batch_size=3, grad_clip=1.0)
@@ -32,21 +33,7 @@ DAPO_KL = dict(aggregation="token_mean", mask_truncated=True, kl_coef=0.05)
 
 
 def _groups(seed: int = 0) -> tuple[list[RolloutGroup], list[float]]:
-    gen = torch.Generator().manual_seed(seed)
-    groups = []
-    for g in range(3):
-        prompt = tuple(torch.randint(10, 400, (4 + g,), generator=gen).tolist())
-        completions = tuple(
-            Completion(
-                tuple(torch.randint(10, 400, (2 + (i % 3),), generator=gen).tolist()),
-                tuple([-3.0] * (2 + (i % 3))),
-                "", "length" if (g, i) == (0, 3) else "stop", 0, TELEMETRY,
-            )
-            for i in range(4)
-        )
-        groups.append(RolloutGroup(Task(str(g), "q", "1"), prompt, completions))
-    rewards = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 1.0, 0.0, 0.0, 0.0]  # group 2 carries no signal
-    return groups, rewards
+    return scored_groups(seed, truncated={(0, 3)})  # one completion hit the budget: mask_truncated has work
 
 
 @pytest.fixture(scope="module")
