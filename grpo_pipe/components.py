@@ -17,6 +17,7 @@ from grpo_pipe.interfaces import (
     CheckpointStore,
     ChecksItsConfig,
     Curriculum,
+    GeneratesInBackground,
     ModelSource,
     Placement,
     RecordsRequestTimestamps,
@@ -76,7 +77,9 @@ def build(cfg: DictConfig) -> Components:
     parts = Components(**built)
     problems = combination_problems(parts)  # before `place`: judged on the engine as configured
     problems += record_timestamps_if_read(parts.rollout, parts.reward)  # before `place`: engine actors get a copy
-    parts.rollout = parts.placement.place(parts.rollout)
+    configured = parts.rollout
+    parts.rollout = parts.placement.place(configured)
+    problems += generate_in_background_if_ahead(configured, parts.rollout is configured, parts)
     problems += parts.weight_bridge.check(parts.rollout, parts.trainer.policy)
     problems += parts.placement.check(parts.trainer, parts.weight_bridge)  # GPUs, cluster, trainer kind
     if problems:
@@ -97,6 +100,32 @@ def combination_problems(parts: Components) -> list[str]:
         )
     if parts.placement.sleep_level > 0 and not parts.rollout.enable_sleep_mode:
         problems.append(f"placement.sleep_level={parts.placement.sleep_level} needs rollout.enable_sleep_mode=true")
+    return problems
+
+
+def generate_in_background_if_ahead(engine: RolloutEngine, kept_here: bool, parts: Components) -> list[str]:
+    """`rollout.background=null`: an engine the placement kept in this process generates on a thread of its own
+    exactly when the scheduler may run ahead of training (max_staleness >= 1) and the engine keeps its memory
+    while the trainer runs; then the next batch is generated while the trainer trains. Without it a colocated
+    engine generates only when the loop waits for it, and max_staleness >= 1 would make samples stale for nothing."""
+    if not isinstance(engine, GeneratesInBackground):
+        return []
+    staleness, sleep_level = parts.max_staleness, parts.placement.sleep_level
+    if engine.background is None:
+        engine.background = kept_here and staleness >= 1 and sleep_level == 0
+        return []
+    if not engine.background:
+        return []
+    problems = []
+    if not kept_here:
+        problems.append("rollout.background=true: this placement runs the engines elsewhere, where they already "
+                        "generate while the trainer trains; allowed: null or false")
+    if staleness < 1:
+        problems.append("rollout.background=true with rollout_scheduler.max_staleness=0: the loop waits for every batch "
+                        "before training on it, so nothing would overlap; allowed: rollout_scheduler.max_staleness >= 1")
+    if sleep_level > 0:
+        problems.append(f"rollout.background=true with placement.sleep_level={sleep_level}: the engine cannot generate "
+                        "while it sleeps for the trainer; allowed: placement.sleep_level=0")
     return problems
 
 

@@ -9,6 +9,7 @@ placement), records (checkpoints, tracker). Import them from here.
 
 from grpo_pipe.interfaces.engines import (
     AdapterEngine,
+    GeneratesInBackground,
     InProcessModelEngine,
     LocalEngine,
     PendingRollout,
@@ -34,6 +35,7 @@ __all__ = [
     "CheckpointStore",
     "ChecksItsConfig",
     "Curriculum",
+    "GeneratesInBackground",
     "HasSourceFiles",
     "InProcessModelEngine",
     "LocalEngine",

@@ -143,3 +143,11 @@ class AdapterEngine(Protocol):
         ...
 
     def retire_adapter(self, adapter_id: int) -> None: ...
+
+
+@runtime_checkable
+class GeneratesInBackground(Protocol):
+    """An engine in the trainer's process that can generate on a thread of its own, so that the trainer
+    trains while the next batch is generated; None = not decided by the config (the runner decides)."""
+
+    background: bool | None

@@ -7,3 +7,7 @@ class EngineLost(RuntimeError):
 
 class EngineGaveUp(RuntimeError):
     """Engines died more often than the placement allows restarting them."""
+
+
+class GenerationAbandoned(RuntimeError):
+    """The engine shut down while a generation ran on its background thread; that batch was never needed."""

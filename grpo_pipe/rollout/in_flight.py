@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from grpo_pipe.rollout.errors import GenerationAbandoned
 from grpo_pipe.rollout.step_gate import StepGate
 
 
@@ -139,6 +140,7 @@ class InFlightUpdates:
         self._log: InFlightLog | None = None
         self._core: RunningCore | None = None
         self.steps_taken = 0  # engine steps of the running generation call (0 between calls)
+        self.abandoned = False  # set at shutdown: a running generation raises at its next step
 
     @contextmanager
     def generation(self, llm: Any, version: int) -> Iterator[InFlightLog]:
@@ -148,21 +150,23 @@ class InFlightUpdates:
         core = engine_core_of(llm) if self.enabled else None
         with self.gate.generating():
             self._log, self._core = log, core
-            if core is not None:
-                step = engine.step
+            step = engine.step
 
-                def step_after_queued_work() -> Any:
-                    self.steps_taken += 1
-                    if self.gate.has_pending():
-                        return core.between_steps(step, self.gate.drain)
+            def step_after_queued_work() -> Any:
+                if self.abandoned:  # the engine is shutting down under a generation nobody waits for
+                    raise GenerationAbandoned("the engine shut down during this generation")
+                if core is None:
                     return step()
+                self.steps_taken += 1
+                if self.gate.has_pending():
+                    return core.between_steps(step, self.gate.drain)
+                return step()
 
-                engine.step = step_after_queued_work  # an instance attribute: the class's method is untouched
+            engine.step = step_after_queued_work  # an instance attribute: the class's method is untouched
             try:
                 yield log
             finally:
-                if core is not None:
-                    del engine.step
+                del engine.step
                 self._log, self._core, self.steps_taken = None, None, 0
 
     def weights_changed(self) -> None:

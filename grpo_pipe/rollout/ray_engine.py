@@ -50,7 +50,7 @@ class EngineHost:
         self.engine.connect(Path(model_path), options)
 
     def submit(self, prompts: list[list[int]], samples: list[int], sampling: SamplingSettings) -> GeneratedBatch:
-        return self.engine.submit(prompts, samples, sampling)
+        return self.engine.submit(prompts, samples, sampling).result()  # the actor's call is what runs beside training
 
     def set_served_version(self, version: int) -> None:
         self.engine.served_version = version

@@ -10,6 +10,9 @@ import gc
 import logging
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +30,18 @@ from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head, reload_in
 from grpo_pipe.types import Completion, GeneratedBatch, SamplingSettings
 
 log = logging.getLogger(__name__)
+
+BACKGROUND_STOP_S = 60.0  # longest wait for the background generation to stop at shutdown (one engine step, normally)
+
+
+@dataclass(frozen=True)
+class BackgroundRollout:
+    """A generation running on the engine's own thread (`VllmEngine(background=True)`)."""
+
+    job: Future[GeneratedBatch]
+
+    def result(self) -> GeneratedBatch:
+        return self.job.result()  # a stop signal in the waiting thread abandons the wait, not the engine
 
 
 def _cpu_has_native_bf16() -> bool:
@@ -66,6 +81,7 @@ class VllmEngine:
         in_flight_updates: bool = True,
         tensor_parallel_size: int = 1,
         request_timestamps: bool | None = None,
+        background: bool | None = None,
     ) -> None:
         if tensor_parallel_size < 1:
             raise ConfigError([f"rollout.tensor_parallel_size={tensor_parallel_size}: must be >= 1"])
@@ -95,6 +111,12 @@ class VllmEngine:
         self.device_ids = device_ids
         # Syncs from other threads land between engine steps (off: they wait for the running generate call).
         self.in_flight = InFlightUpdates(enabled=in_flight_updates)
+        # Generate on a thread of its own: `submit` returns at once, so the trainer trains while the engine
+        # generates the next batch (needs a scheduler that may run ahead, max_staleness >= 1). None: the
+        # runner decides (components.generate_in_background_if_ahead); an engine left at None generates in place.
+        self.background = background
+        self._generator: ThreadPoolExecutor | None = None
+        self._last_job: Future[Any] | None = None
         self._served_version = 0
         self.model_path: Path | None = None
         self.llm: Any = None
@@ -198,9 +220,20 @@ class VllmEngine:
         self.model_path = Path(model_path)
         with env.visible_devices(self.device_ids):
             self.llm = LLM(**self.engine_kwargs(self.model_path))
+        self.in_flight.abandoned = False
+        if self.background:  # one thread: vLLM's offline engine runs one generate call at a time
+            self._generator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-generate")
         log.info("vLLM engine up in %.1fs (%s)", time.perf_counter() - started, self.model_path.name)
 
     def generate(
+        self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
+    ) -> list[list[Completion]]:
+        """Generate now and wait; with `background`, after the generations submitted before it."""
+        if self._generator is None:
+            return self._generate(prompts, samples, sampling)
+        return self._run_in_background(self._generate, prompts, samples, sampling).result()
+
+    def _generate(
         self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
     ) -> list[list[Completion]]:
         from vllm import SamplingParams
@@ -241,11 +274,24 @@ class VllmEngine:
 
     def submit(
         self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
+    ) -> GeneratedBatch | BackgroundRollout:
+        """Generation runs now and is finished on return; with `background` it runs on the engine's own
+        thread, after the generations submitted before it, and the caller goes on at once."""
+        if self._generator is None:
+            return self._timed_generate(prompts, samples, sampling)
+        return BackgroundRollout(self._run_in_background(self._timed_generate, list(prompts), list(samples), sampling))
+
+    def _timed_generate(
+        self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
     ) -> GeneratedBatch:
-        """This engine lives in the caller's process: generation runs now and is finished on return."""
         started = time.time()
-        completions = self.generate(prompts, samples, sampling)
+        completions = self._generate(prompts, samples, sampling)
         return GeneratedBatch(completions, started, time.time())
+
+    def _run_in_background(self, fn: Any, *args: Any) -> Future[Any]:
+        assert self._generator is not None
+        self._last_job = self._generator.submit(fn, *args)
+        return self._last_job
 
     def is_running(self) -> bool:
         return self.llm is not None
@@ -257,14 +303,22 @@ class VllmEngine:
         """Load HF-named weights into the running engine (in-process engines only)."""
         if not self.in_process:
             raise RuntimeError("rollout.in_process=false: use reload_weights_from_path for an engine subprocess")
-        llm = self._llm()
-        llm.collective_rpc(reload_in_process, args=(list(weights),))
-        self._after_weight_update()
+        weights = list(weights)
+
+        def work() -> None:
+            self._llm().collective_rpc(reload_in_process, args=(weights,))
+            self._after_weight_update()
+
+        self.in_flight.gate.run(work)  # never beside an engine step (a generation on the background thread)
 
     def reload_weights_from_path(self, folder: Path) -> None:
         """Load the safetensors files in `folder` into the running engine (any process layout)."""
-        self._llm().collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
-        self._after_weight_update()
+
+        def work() -> None:
+            self._llm().collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+            self._after_weight_update()
+
+        self.in_flight.gate.run(work)
 
     def call_workers(self, method: str, *args: Any, timeout_s: float | None = None, changes_weights: bool = True
                      ) -> list[Any]:
@@ -285,7 +339,7 @@ class VllmEngine:
         """Run `fn(worker)` on the in-process worker and return its result object itself (no copy)."""
         if not self.in_process:
             raise RuntimeError("rollout.in_process=false: the engine's objects live in another process")
-        return self._llm().collective_rpc(fn)[0]
+        return self.in_flight.gate.run(lambda: self._llm().collective_rpc(fn)[0])
 
     def after_external_weight_update(self) -> None:
         """Called by bridges that wrote the weights without the engine (shared storage): requests started
@@ -301,7 +355,7 @@ class VllmEngine:
         from vllm.lora.request import LoRARequest
 
         self.lora_request = LoRARequest(lora_name=name, lora_int_id=adapter_id, lora_path=str(folder))
-        self._llm().llm_engine.add_lora(self.lora_request)
+        self.in_flight.gate.run(lambda: self._llm().llm_engine.add_lora(self.lora_request))
 
     def serve_adapter(self, name: str, adapter_id: int) -> None:
         """Serve every following request with an adapter the workers already hold (built from memory)."""
@@ -313,7 +367,7 @@ class VllmEngine:
 
     def retire_adapter(self, adapter_id: int) -> None:
         """Free an adapter's slot; only call once no request uses it."""
-        self._llm().llm_engine.remove_lora(adapter_id)
+        self.in_flight.gate.run(lambda: self._llm().llm_engine.remove_lora(adapter_id))
 
     def _after_weight_update(self) -> None:
         llm = self._llm()
@@ -323,12 +377,13 @@ class VllmEngine:
 
     def sleep(self, level: int) -> None:
         if level > 0:
-            self._llm().sleep(level=level)
+            self.in_flight.gate.run(lambda: self._llm().sleep(level=level))
 
     def wake_up(self) -> None:
-        self._llm().wake_up()
+        self.in_flight.gate.run(lambda: self._llm().wake_up())
 
     def shutdown(self) -> None:
+        self._stop_background()
         # vLLM needs the old engine gone before another is built in the same process.
         if self.llm is not None:
             engine, self.llm = self.llm, None
@@ -340,6 +395,18 @@ class VllmEngine:
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
+
+    def _stop_background(self) -> None:
+        """A generation still running on the background thread (a batch for a step that will not come, or one
+        a stop signal abandoned) ends at its next engine step; its requests go down with the engine."""
+        if self._generator is None:
+            return
+        self.in_flight.abandoned = True
+        if self._last_job is not None and not wait_for([self._last_job], timeout=BACKGROUND_STOP_S).done:
+            log.warning("the engine's generation thread did not stop within %.0f s; shutting the engine down under it",
+                        BACKGROUND_STOP_S)
+        self._generator.shutdown(wait=False, cancel_futures=True)
+        self._generator, self._last_job = None, None
 
     def _llm(self) -> Any:
         if self.llm is None:

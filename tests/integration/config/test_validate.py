@@ -148,3 +148,23 @@ def test_cli_typo_exits_non_zero_in_seconds(override: str, expected: str, tmp_pa
     assert expected in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
     assert elapsed < 30, f"config error took {elapsed:.1f}s"  # ~5 s alone; headroom for a loaded CI machine
+
+
+@pytest.mark.parametrize(("overrides", "background"), [
+    ([], False),  # on-policy: the loop waits for every batch, nothing to overlap
+    (["rollout_scheduler.max_staleness=1"], True),  # the next batch is generated while the trainer trains
+    (["rollout_scheduler.max_staleness=1", "rollout.background=false"], False),  # asked not to
+])
+def test_a_colocated_engine_generates_in_the_background_exactly_when_the_scheduler_may_run_ahead(
+    compose_cfg, overrides: list[str], background: bool
+) -> None:
+    assert build(compose_cfg(overrides)).rollout.background is background
+
+
+@pytest.mark.parametrize(("overrides", "problem"), [
+    (["rollout.background=true"], "rollout.background=true with rollout_scheduler.max_staleness=0"),
+    (["rollout.background=true", "rollout_scheduler.max_staleness=1", "placement.sleep_level=1",
+      "rollout.enable_sleep_mode=true"], "rollout.background=true with placement.sleep_level=1"),
+])
+def test_background_generation_that_cannot_overlap_is_refused(compose_cfg, overrides: list[str], problem: str) -> None:
+    assert any(p.startswith(problem) and "allowed:" in p for p in _problems(compose_cfg(overrides)))

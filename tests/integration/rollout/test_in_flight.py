@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from grpo_pipe.models.tiny_random import TinyRandomModel
+from grpo_pipe.rollout.errors import GenerationAbandoned
 from grpo_pipe.rollout.in_flight import sample_key, tokens_scheduled
 from grpo_pipe.rollout.step_gate import StepGate
 from grpo_pipe.rollout.vllm_engine import VllmEngine
@@ -92,6 +93,51 @@ def test_switched_off_a_sync_waits_for_the_running_generation(tmp_path) -> None:
     assert all(c.policy_version == 0 and not c.version_switches for group in during for c in group)
     assert all(c.policy_version == 1 for group in after for c in group)
     assert [[c.token_ids for c in group] for group in after] != old_tokens
+
+
+def _wait_for_steps(engine: VllmEngine, steps: int) -> None:
+    """Until the generation on the engine's background thread has taken `steps` engine steps (this thread is free)."""
+    deadline = time.monotonic() + 120
+    while engine.generation_steps() < steps:
+        assert time.monotonic() < deadline, "the background generation never got going"
+        time.sleep(0.001)
+
+
+# Long enough that this thread always sees it running, however loaded the machine.
+ENDLESS = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=400, seed=5, extra={"ignore_eos": True})
+
+
+def test_a_background_engine_generates_beside_the_caller_and_a_sync_from_it_lands_between_steps(tmp_path) -> None:
+    source = TinyRandomModel().materialize()
+    other = other_weights(source, tmp_path / "other")
+    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25, background=True)
+    engine.connect(source)
+    try:
+        before = engine.submit(PROMPTS, [2] * len(PROMPTS), ENDLESS).result()
+        pending = engine.submit(PROMPTS, [2] * len(PROMPTS), ENDLESS)
+        _wait_for_steps(engine, 6)  # submit returned while the engine generates on its own thread
+        engine.reload_weights_from_path(other)  # from this thread, as the trainer's sync: lands between two steps
+        engine.served_version = 1
+        during = pending.result().completions
+        after = engine.generate(PROMPTS, [2] * len(PROMPTS), ENDLESS)
+    finally:
+        engine.shutdown()
+    for old, mixed in zip((c for g in before.completions for c in g), (c for g in during for c in g)):
+        (index, version), = mixed.version_switches  # every sample was running: ignore_eos, 400 tokens
+        assert mixed.policy_version == 0 and version == 1 and 0 < index < len(mixed.token_ids)
+        assert mixed.token_ids[:index] == old.token_ids[:index]  # the same seeds on the old weights up to the sync
+    assert all(c.policy_version == 1 and not c.version_switches for group in after for c in group)
+
+
+def test_shutting_down_a_background_engine_abandons_its_running_generation() -> None:
+    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25, background=True)
+    engine.connect(TinyRandomModel().materialize())
+    pending = engine.submit(PROMPTS, [2] * len(PROMPTS), ENDLESS)
+    _wait_for_steps(engine, 2)
+    engine.shutdown()  # returns once the generation stopped at its next step (bounded: BACKGROUND_STOP_S)
+    with pytest.raises(GenerationAbandoned):
+        pending.result()
+    assert engine.llm is None
 
 
 def test_without_a_generation_work_runs_at_once_and_errors_reach_the_caller() -> None:
