@@ -24,6 +24,24 @@ log = logging.getLogger(__name__)
 # 5-minute SmolLM2 run on an H200). Every compiled micro-batch is padded to this multiple, so one kind exists.
 COMPILED_WIDTH_MULTIPLE = 8
 
+# Inductor's mix-order reduction (a fused norm backward for large inputs) guards the graph on the micro-batch's
+# token count (>= 4096 and >= 5 Mi elements): the run's first real micro-batch, larger than the warm-up's, compiled
+# again (9 s of the first step at Qwen2.5-0.5B on an H200), and a run whose micro-batches straddle the bound
+# compiles once more mid-run. Without it one graph serves every size; the update of the models this option is
+# for is bound by kernel launches, not by that reduction.
+COMPILE_OPTIONS = {"triton.mix_order_reduction": False}
+
+
+def compile_options() -> dict[str, Any]:
+    """COMPILE_OPTIONS that this torch knows (older versions have no mix-order reduction, and refuse unknown keys)."""
+    from torch._inductor import config
+
+    def known(key: str) -> bool:
+        section, _, name = key.rpartition(".")
+        return hasattr(getattr(config, section) if section else config, name)
+
+    return {key: value for key, value in COMPILE_OPTIONS.items() if known(key)}
+
 
 def compile_on(setting: bool | str, device: torch.device) -> bool:
     """`auto` = on a GPU, where the update of a model this small is bound by kernel launches (SmolLM2-135M on an
@@ -37,8 +55,9 @@ def compile_layers(module: torch.nn.Module) -> None:
     (batch and length), so the graph is traced with symbolic sizes from the start."""
     lists = [m for m in module.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
     blocks: list[torch.nn.Module] = list(max(lists, key=len)) if lists else [module]
+    options = compile_options()
     for block in blocks:
-        block.compile(dynamic=True)
+        block.compile(dynamic=True, options=options)
 
 
 def warm_up(module: torch.nn.Module, pad_id: int, device: torch.device,
