@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from grpo_pipe.checkpointing import Checkpoint
@@ -65,14 +66,17 @@ def _wait_for_text(path: Path, text: str, proc: subprocess.Popen, timeout_s: flo
         time.sleep(0.1)
 
 
-def test_sigterm_during_a_2000_token_generation_exits_within_the_grace_with_a_checkpoint(tmp_path) -> None:
+@pytest.mark.parametrize("max_staleness", [0, 1], ids=["generating_in_the_loop", "generating_in_the_background"])
+def test_sigterm_during_a_2000_token_generation_exits_within_the_grace_with_a_checkpoint(tmp_path, max_staleness) -> None:
     """Step 1 runs with a short budget; the resumed run's step 2 has a 2,000-token budget (minutes of
-    generation for the tiny model on 2 CPU cores: measured 314 s for 16 samples) and is stopped."""
+    generation for the tiny model on 2 CPU cores: measured 314 s for 16 samples) and is stopped. With
+    max_staleness=1 the engine generates on its own thread while the loop waits for the batch: the wait is
+    abandoned, and the generation with it when the engine shuts down."""
     grace = 20.0
     store = tmp_path / "mlflow.db"
     base = [
         *TINY, "model.max_position_embeddings=2560", "rollout.max_model_len=2560", f"logger.tracking_uri=sqlite:///{store}",
-        f"logger.artifact_location={tmp_path}/artifacts",
+        f"logger.artifact_location={tmp_path}/artifacts", f"rollout_scheduler.max_staleness={max_staleness}",
         "checkpoint.every=1", f"run.shutdown_grace_s={grace}", "curriculum.prompts_per_step=2",
     ]
     env = {**os.environ, "COLUMNS": "200"}
