@@ -142,7 +142,7 @@ class MlflowTracker:
                 "the same command again"
             ]) from None
         self._outbox = Outbox(lambda record: records.send(self._client, self._run(), record), self.tracking_uri,
-                              max_backoff_s=self.retry_max_s)
+                              max_backoff_s=self.retry_max_s, journal=self.pending_file, journal_header=self._header())
         self._outbox.start()
         self._start_system_metrics(resumed=resume_run_id is not None)
 
@@ -268,13 +268,16 @@ class MlflowTracker:
             log.error("The tracking server %s did not come back: %d record(s) of run %s are lost",
                       self.tracking_uri, len(undelivered), self.run_id)
             return
-        header = {"kind": "header", "tracking_uri": self.tracking_uri, "run_id": self.run_id}
-        write_pending(undelivered, self.pending_file, header)
+        write_pending(undelivered, self.pending_file, self._header())
         log.warning(
             "The tracking server %s did not come back within %.0f s: %d record(s) of run %s are kept in %s. "
             "Upload them when it answers: %s %s", self.tracking_uri, self.flush_timeout_s, len(undelivered),
             self.run_id, self.pending_file, UPLOAD_COMMAND, self.pending_file,
         )
+
+    def _header(self) -> dict[str, Any]:
+        """The pending file's first line: where its records go."""
+        return {"kind": "header", "tracking_uri": self.tracking_uri, "run_id": self.run_id}
 
     def _run(self) -> str:
         if self.run_id is None:

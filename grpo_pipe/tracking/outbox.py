@@ -8,9 +8,13 @@ the store answers again it says so once, with the count delivered late. A record
 value) is logged and dropped: retrying would never succeed.
 
 What is still pending at the end of a run is written as JSON lines (`write_pending`) for
-`python -m grpo_pipe.tracking.upload FILE` to deliver later. Records carry their original step and timestamp, and a
-SQL-backed MLflow store ignores a metric logged twice with the same key, step, timestamp and value, so a record
-delivered twice (sent, then the reply lost) is stored once.
+`python -m grpo_pipe.tracking.upload FILE` to deliver later. During an outage the same file is a journal: when the
+store stops answering, what is pending is written to it, and every record logged until the store answers again is
+appended as it is logged; so a process killed outright (SIGKILL, the kernel's OOM killer) mid-outage loses nothing
+the upload command cannot deliver. The journal is removed once the store has taken everything. Records carry their
+original step and timestamp, and a SQL-backed MLflow store ignores a metric logged twice with the same key, step,
+timestamp and value, so a record delivered twice (sent, then the reply lost; or delivered late, then uploaded
+again from the journal of a killed run) is stored once.
 """
 
 from __future__ import annotations
@@ -56,8 +60,13 @@ class Outbox:
         first_backoff_s: float = 1.0,
         max_backoff_s: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        journal: Path | None = None,
+        journal_header: Record | None = None,
     ) -> None:
         self._send = send
+        self.journal = journal  # the pending file, kept up to date while the store is away (None: no journal)
+        self.journal_header = journal_header or {"kind": "header"}
+        self._journal_file: Any = None  # open for appending while the store is away
         self.target = target  # named in the warnings: the store that is away
         self.first_backoff_s = first_backoff_s
         self.max_backoff_s = max_backoff_s
@@ -75,6 +84,9 @@ class Outbox:
     def put(self, record: Record) -> None:
         with self._lock:
             self._queue.append(record)
+            if self._journal_file is not None:
+                self._journal_file.write(json.dumps(record, default=str) + "\n")
+                self._journal_file.flush()  # in the kernel's hands: a SIGKILL of this process cannot lose it
             self._lock.notify_all()
 
     def pending(self) -> list[Record]:
@@ -112,10 +124,12 @@ class Outbox:
     def _failed(self, err: BaseException) -> float:
         if not self.away:
             self.away, self.outages = True, self.outages + 1
+            self._open_journal()
             log.warning(
                 "The tracking server %s does not answer (%s). Training goes on; metrics and artifacts are kept and "
-                "sent again with back-off (%.0f s up to %.0f s).", self.target, _short(err), self.first_backoff_s,
-                self.max_backoff_s,
+                "sent again with back-off (%.0f s up to %.0f s)%s.", self.target, _short(err), self.first_backoff_s,
+                self.max_backoff_s, "" if self.journal is None else
+                f", and journaled in {self.journal} (if this process is killed: {UPLOAD_COMMAND} {self.journal})",
             )
         wait = self._backoff_s
         self._backoff_s = min(self._backoff_s * 2, self.max_backoff_s)
@@ -132,6 +146,23 @@ class Outbox:
                 log.warning("The tracking server %s answers again: %d record(s) delivered late, none lost.",
                             self.target, self.delivered_late)
                 self.away, self.delivered_late = False, 0
+                self._drop_journal()
+
+    def _open_journal(self) -> None:
+        """The outage began: what is pending goes to the journal now, and every record logged from now on with it."""
+        if self.journal is None:
+            return
+        with self._lock:
+            write_pending(self._queue, self.journal, self.journal_header)
+            self._journal_file = self.journal.open("a")
+
+    def _drop_journal(self) -> None:
+        with self._lock:
+            if self._journal_file is not None:
+                self._journal_file.close()
+                self._journal_file = None
+                if self.journal is not None:
+                    self.journal.unlink(missing_ok=True)
 
     # -- the worker thread ----------------------------------------------------------------------------
 
@@ -168,7 +199,14 @@ class Outbox:
             self._lock.notify_all()
         self._thread.join(timeout=max(deadline - time.monotonic(), 0.0) + 30.0)
         self._thread = None
-        return self.pending()
+        undelivered = self.pending()
+        if not undelivered:
+            self._drop_journal()
+        elif self._journal_file is not None:  # the caller rewrites the file with exactly what is left
+            with self._lock:
+                self._journal_file.close()
+                self._journal_file = None
+        return undelivered
 
 
 def write_pending(records: Iterable[Record], path: Path, header: Record) -> Path:

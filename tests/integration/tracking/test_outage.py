@@ -2,7 +2,8 @@
 it over HTTP, the server stopped and started again on the same port and store while the job trains. Training goes
 on, the job warns once when the server goes and once when it is back, and afterwards every step's metrics are in
 MLflow exactly once. When the server does not come back before the run ends, the job still ends normally, leaves
-its undelivered records in its folder, and the upload command delivers them once the server answers.
+its undelivered records in its folder, and the upload command delivers them once the server answers; the same
+when the job is killed outright mid-outage (the folder's file is then the outage's journal).
 
 No timing window is relied on: the job is held at the start of a step's generation (`GRPO_PIPE_HALT_AT`) while the
 test stops or starts the server, and the end of the run waits for a server that is coming back."""
@@ -187,6 +188,38 @@ def test_a_server_that_never_comes_back_leaves_a_file_the_upload_command_deliver
     again = subprocess.run(upload, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert again.returncode == 2 and "uploaded" in again.stderr  # nothing sent twice
     _assert_every_step_once(server.uri, job.run_dir)
+
+
+def test_a_job_killed_outright_during_an_outage_leaves_a_journal_the_upload_command_delivers(
+    server: Server, tmp_path: Path
+) -> None:
+    """SIGKILL (the kernel's OOM killer) while the server is away: nothing the job logged is lost."""
+    job = Job(tmp_path, server.uri, "generation@2,generation@4")
+    try:
+        job.wait_halted("generation@2")  # step 1 delivered
+        server.stop()
+        job.release()  # steps 2 and 3 train while nothing answers
+        job.wait_halted("generation@4")
+        deadline = time.monotonic() + 300
+        while "does not answer" not in job.log():  # the outage was noticed (and the journal opened)
+            assert time.monotonic() < deadline, job.log()[-3000:]
+            time.sleep(0.1)
+        job.proc.kill()  # no handler runs, no buffer is flushed
+        job.proc.wait()
+    finally:
+        job.kill()
+    journal = job.run_dir / "mlflow_pending.jsonl"
+    assert f"python -m grpo_pipe.tracking.upload {journal}" in job.log()  # said when the outage began
+
+    server.start()
+    done = subprocess.run([sys.executable, "-m", "grpo_pipe.tracking.upload", str(journal)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    client, run = _the_run(server.uri, job.run_dir)
+    for key in KEYS:
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == [1, 2, 3], key
+    assert run.data.tags["grpo_pipe.last_step"] == "3"  # where it stopped
+    assert run.info.status == "RUNNING"  # killed: nobody ended the run
 
 
 def test_a_server_that_does_not_answer_at_the_start_is_one_error_before_anything_loads(tmp_path: Path) -> None:

@@ -120,3 +120,24 @@ def test_the_pending_file_uploads_once(tmp_path: Path) -> None:
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.data.tags["grpo_pipe.last_step"] == "4"
     assert (tmp_path / "mlflow_pending.jsonl.uploaded").is_file()
+
+
+def test_during_an_outage_every_pending_and_new_record_is_journaled_at_once_and_the_journal_goes_when_it_ends(
+    tmp_path: Path,
+) -> None:
+    store, clock, journal = Store(), Clock(), tmp_path / "mlflow_pending.jsonl"
+    header = {"kind": "header", "tracking_uri": "http://server", "run_id": "r1"}
+    box = Outbox(store.send, "http://server", first_backoff_s=1.0, clock=clock, journal=journal, journal_header=header)
+    box.put({"n": 1})
+    assert box.deliver_due() is None and not journal.exists()  # no outage, no journal
+
+    store.up = False
+    box.put({"n": 2})
+    assert box.deliver_due() is not None  # the outage begins: what is pending is journaled
+    box.put({"n": 3})  # logged during the outage: journaled as it is put, before any delivery is tried
+    read_header, pending = read_pending(journal)  # readable as it stands: what a killed process leaves behind
+    assert read_header == header and [r["n"] for r in pending] == [2, 3]
+
+    store.up, clock.now = True, clock.now + 1.0
+    assert box.deliver_due() is None and store.taken == [1, 2, 3]
+    assert not journal.exists()  # all delivered: nothing left to upload
