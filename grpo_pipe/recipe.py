@@ -15,10 +15,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from grpo_pipe.bridges.contract import push_weights, sync_due
-from grpo_pipe.bridges.files import copy_tokenizer_files
 from grpo_pipe.checkpointing import Checkpoint
 from grpo_pipe.components import Components
 from grpo_pipe.config.errors import ConfigError
@@ -71,7 +69,7 @@ class GRPORecipe:
         train_tasks, eval_tasks = p.data.train_tasks(), list(p.data.eval_tasks())
         check_data_and_reward(p, train_tasks, eval_tasks)  # seconds in, before any model loads
         self.model_path = p.model.materialize()
-        tokenizer = _tokenizer(self.model_path)
+        tokenizer = p.model.tokenizer()
         p.curriculum.attach(train_tasks)
         p.logger.log_metrics({"data/skipped_rows": float(len(p.data.skipped))}, step=0)
         p.logger.log_params(data_fingerprint(train_tasks, eval_tasks))  # which rows trained, beside the data's path
@@ -294,7 +292,7 @@ class GRPORecipe:
 
     def _export_policy(self, folder: Path) -> None:
         self.parts.trainer.policy.save_pretrained(folder)
-        copy_tokenizer_files(self.model_path, folder)
+        self.parts.model.copy_tokenizer(folder)
 
 
 def check_data_and_reward(parts: Components, train: Sequence[Task], held_out: Sequence[Task]) -> None:
@@ -326,9 +324,3 @@ def data_fingerprint(train: Sequence[Task], held_out: Sequence[Task]) -> dict[st
 def _uids(groups: Sequence[RolloutGroup]) -> list[str]:
     """One task uid per completion, in the order rewards are given."""
     return [g.task.uid for g in groups for _ in g.completions]
-
-
-def _tokenizer(model_path: Path) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path, **loader_options(model_path))

@@ -257,11 +257,19 @@ class StaticTasks:
 
 
 class LocalModel:
+    """A model folder that is never read: its tokenizer is `FakeTokenizer`, its tokenizer files one marker file."""
+
     def __init__(self, path: Path) -> None:
         self.path = path
 
     def materialize(self) -> Path:
         return self.path
+
+    def tokenizer(self) -> FakeTokenizer:
+        return FakeTokenizer()
+
+    def copy_tokenizer(self, folder: Path) -> None:
+        (folder / "tokenizer.json").write_text("{}")
 
 
 def fake_components(

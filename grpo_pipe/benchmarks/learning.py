@@ -31,7 +31,6 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
-from grpo_pipe.bridges.files import copy_tokenizer_files
 from grpo_pipe.components import Components, build
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.config.sources import CONF_DIR
@@ -90,7 +89,7 @@ def train_ours(parts: Components, cfg: DictConfig, budget_s: float, every_s: flo
     recipe = GRPORecipe(parts, OmegaConf.to_yaml(cfg), out)
     try:
         recipe.setup()
-        write = snapshot_writer(parts, recipe.model_path, out / "ours")
+        write = snapshot_writer(parts, out / "ours")
         snapshots, step_metrics = [write(0.0, 0)], []
         startup_s, marks, train_s = time.perf_counter() - started, Marks(budget_s, every_s), 0.0
         last = min(parts.trainer.steps, max_steps or parts.trainer.steps)
@@ -110,11 +109,13 @@ def train_ours(parts: Components, cfg: DictConfig, budget_s: float, every_s: flo
     return Curve("grpo_pipe", snapshots, rewards, train_s, startup_s, step_metrics)
 
 
-def snapshot_writer(parts: Components, model_path: Path, folder: Path) -> Callable[[float, int], Snapshot]:
+def snapshot_writer(parts: Components, folder: Path) -> Callable[[float, int], Snapshot]:
+    """Writes the policy's weights with the model source's tokenizer files, into a new folder per snapshot."""
+
     def write(train_s: float, step: int) -> Snapshot:
         path = folder / f"snapshot-{len(list(folder.glob('snapshot-*'))) if folder.exists() else 0}"
         parts.trainer.policy.save_pretrained(path)
-        copy_tokenizer_files(model_path, path)
+        parts.model.copy_tokenizer(path)
         return Snapshot(train_s, step, path)
 
     return write

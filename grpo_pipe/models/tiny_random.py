@@ -14,6 +14,7 @@ from typing import Any
 from grpo_pipe import env
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.models.cache import build_once
+from grpo_pipe.models.folder import FolderModelSource
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -35,7 +36,7 @@ def _training_corpus() -> list[str]:
     return lines
 
 
-class TinyRandomModel:
+class TinyRandomModel(FolderModelSource):
     """Builds (once) and returns a folder with a tiny random Qwen2 model and its tokenizer."""
 
     def __init__(
@@ -69,7 +70,7 @@ class TinyRandomModel:
         )
         self.seed = seed
 
-    def materialize(self) -> Path:
+    def fetch_folder(self) -> Path:
         key = hashlib.sha256(json.dumps([self.settings, self.seed], sort_keys=True).encode()).hexdigest()[:12]
         return build_once(env.cache_dir() / "models" / f"tiny-random-qwen2-{key}", self._build, "tiny random model")
 

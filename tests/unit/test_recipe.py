@@ -5,17 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from grpo_pipe import recipe as recipe_module
 from grpo_pipe.recipe import GRPORecipe
 from grpo_pipe.stopping import StopRequest
-from tests.fakes import FakeTokenizer, fake_components
-
-
-@pytest.fixture(autouse=True)
-def fake_tokenizer(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(recipe_module, "_tokenizer", lambda path: FakeTokenizer())
+from tests.fakes import fake_components
 
 
 def _recipe(tmp_path: Path, **kwargs: Any) -> GRPORecipe:
@@ -74,6 +66,13 @@ def test_train_evaluates_saves_and_reports_a_result(tmp_path: Path) -> None:
     assert [c.name for c in (tmp_path / "checkpoints").iterdir()] == ["step-000002"]  # the last step, always
     logged_steps = [step for step, _ in _fakes(recipe).logger.metrics]
     assert logged_steps == [0, 1, 2, 2]  # data/skipped_rows, two steps, the summary
+
+
+def test_a_new_best_is_exported_with_the_model_sources_tokenizer_files(tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path)
+    recipe.evaluate(1)  # no baseline yet: the first evaluation is the best so far
+    best = tmp_path / "checkpoints" / "best"
+    assert sorted(f.name for f in best.iterdir()) == ["best.json", "tokenizer.json", "weights"]
 
 
 def test_a_stop_asked_during_training_finishes_the_step_saves_it_and_skips_the_final_evaluation(tmp_path: Path) -> None:

@@ -80,7 +80,6 @@ def test_a_folder_with_its_own_model_code_loads_in_the_trainer_and_tokenizer_onc
     import shutil
 
     from grpo_pipe.models.custom_code import loader_options
-    from grpo_pipe.recipe import _tokenizer
     from grpo_pipe.trainer.policy import _load_causal_lm
 
     folder = tmp_path / "short"
@@ -99,5 +98,5 @@ def test_a_folder_with_its_own_model_code_loads_in_the_trainer_and_tokenizer_onc
     assert loader_options(path) == {"trust_remote_code": True}  # ... then every loader is told
     model = _load_causal_lm(path, torch.device("cpu"), torch.float32)
     assert type(model).__name__ == "ShortForCausalLM"  # the folder's own class, not the built-in one
-    assert _tokenizer(path)("12+3").input_ids
+    assert source.tokenizer()("12+3").input_ids  # the source loads it as the trainer loads the model
     assert loader_options(TinyRandomModel().materialize()) == {}
