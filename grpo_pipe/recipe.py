@@ -30,6 +30,7 @@ from grpo_pipe.prompts import render_prompt
 from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
 from grpo_pipe.step_recorder import MismatchWatch, StepRecorder
 from grpo_pipe.stopping import GenerationInterrupted, StopRequest
+from grpo_pipe.trainer.errors import TrainerLost
 from grpo_pipe.types import Ledger, RolloutGroup, SamplingSettings, SyncStats, TakenBatch, Task
 
 log = logging.getLogger(__name__)
@@ -209,6 +210,11 @@ class GRPORecipe:
         except EngineGaveUp:
             if self.trained_through > 0:  # keep the work done so far, then fail loudly
                 self.save(self.trained_through)
+            raise
+        except TrainerLost:  # nothing to save: the trainer's state went with the rank
+            latest = self.parts.checkpoint.latest()
+            log.error("The trainer was lost during step %d; the last checkpoint is %s", step,
+                      latest.path if latest is not None else "none: resuming would start from the beginning")
             raise
 
     def _save_interrupted(self, step: int, reason: str | None) -> None:

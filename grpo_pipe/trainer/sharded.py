@@ -24,6 +24,7 @@ from typing import Any, Literal
 import torch
 
 from grpo_pipe.config.validate import ConfigError
+from grpo_pipe.trainer.errors import TrainerLost
 from grpo_pipe.trainer.grpo import BatchPlan, GRPOTrainer
 from grpo_pipe.trainer.shard_worker import ShardWorker, deal
 from grpo_pipe.trainer.sharded_policy import ShardedPolicy
@@ -67,6 +68,7 @@ class ShardedTrainer:
         self.gpus_per_rank = gpus_per_rank
         self.backend = backend
         self.timeout_s = timeout_s
+        self.lost = False  # a rank died: the trainer cannot go on (see `_all_ranks`)
         self.policy = ShardedPolicy(self, policy)
         self.version = 0
         self.workers: list[Any] = []
@@ -107,11 +109,10 @@ class ShardedTrainer:
 
     def step(self, groups: Sequence[RolloutGroup], rewards: Sequence[float], temperature: float) -> dict[str, float]:
         """`updates_per_batch` optimizer updates on these groups, across every rank. Returns `train/...` metrics."""
-        import ray
 
         started = time.perf_counter()
         whole, shares = self.plan(groups, rewards)
-        results = ray.get([w.train.remote(share, temperature) for w, share in zip(self.workers, shares)])
+        results = self._all_ranks([w.train.remote(share, temperature) for w, share in zip(self.workers, shares)])
         self.version = int(results[0]["version"])
         return {**whole.metrics(), **combine(results), "train/step_s": time.perf_counter() - started}
 
@@ -123,9 +124,8 @@ class ShardedTrainer:
 
     def collect(self, method: str, *args: Any) -> Any:
         """Call a collective worker method on every rank; rank 0's answer."""
-        import ray
 
-        return ray.get([getattr(w, method).remote(*args) for w in self.workers])[0]
+        return self._all_ranks([getattr(w, method).remote(*args) for w in self.workers])[0]
 
     def state_dict(self) -> dict[str, Any]:
         """The whole training state, unsharded (rank 0 gathers it): resumable at any world size.
@@ -139,31 +139,29 @@ class ShardedTrainer:
         if gathered is None:
             raise ValueError("checkpoint was written by the single-device trainer; resume it with that trainer")
         ref = ray.put(gathered)  # one copy in the object store, read by every rank
-        ray.get([w.load_full.remote(ref) for w in self.workers])
+        self._all_ranks([w.load_full.remote(ref) for w in self.workers])
         self.version = int(gathered["counters"]["version"])
 
     def save_sharded(self, folder: Path) -> None:
         """Each rank writes its own shards (torch.distributed.checkpoint) into `folder`, plus the counters.
         On several machines `folder` must be a filesystem every rank sees."""
-        import ray
 
         folder.mkdir(parents=True, exist_ok=True)
-        ray.get([w.save_sharded.remote(str(folder / "shards")) for w in self.workers])
+        self._all_ranks([w.save_sharded.remote(str(folder / "shards")) for w in self.workers])
         torch.save(self.collect("counters"), folder / "counters.pt")
 
     def load_sharded(self, folder: Path) -> None:
         """Resume from `save_sharded`'s folder, written at this or any other world size."""
-        import ray
 
         counters = torch.load(folder / "counters.pt", weights_only=False)
-        ray.get([w.load_sharded.remote(str(folder / "shards")) for w in self.workers])
-        ray.get([w.set_counters.remote(counters) for w in self.workers])
+        self._all_ranks([w.load_sharded.remote(str(folder / "shards")) for w in self.workers])
+        self._all_ranks([w.set_counters.remote(counters) for w in self.workers])
         self.version = int(counters["version"])
 
     def close(self) -> None:
         import ray
 
-        if self.workers:
+        if self.workers and not self.lost:  # a rank lost: the others may be stuck in a collective with it
             try:
                 ray.get([w.leave.remote() for w in self.workers], timeout=self.timeout_s)
             except Exception as err:  # a dead rank: killing the actors below is what matters
@@ -174,6 +172,27 @@ class ShardedTrainer:
         if self._group is not None:
             ray.util.remove_placement_group(self._group)
             self._group = None
+
+    def _all_ranks(self, calls: list[Any]) -> list[Any]:
+        """Every rank's answer, in rank order. The first rank that dies ends the wait at once as `TrainerLost`:
+        the ranks still alive may be waiting in a collective for the dead one until the process group's timeout."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        waiting = list(calls)
+        while waiting:
+            done, waiting = ray.wait(waiting, num_returns=1)
+            try:
+                ray.get(done)
+            except RayActorError as err:
+                self.lost = True
+                rank = next(i for i, call in enumerate(calls) if call == done[0])
+                raise TrainerLost(
+                    f"trainer rank {rank} of {self.world_size} died ({type(err).__name__}: its process or its node is "
+                    "gone); its shard of the weights and optimizer state went with it, so the run stops. Its last "
+                    "checkpoint has everything up to that checkpoint's step: resume=latest"
+                ) from err
+        return ray.get(calls)
 
     def _start_workers(self) -> list[Any]:
         import ray

@@ -138,3 +138,69 @@ def test_a_node_that_dies_under_an_engine_replica_is_replaced_on_the_surviving_n
     versions = [m.value for m in client.get_metric_history(result.run_id, "policy/version")]
     assert versions == [1.0, 2.0, 3.0, 4.0]  # every step trained: the lost requests were issued again
     assert result.ledger.balanced() and not result.ledger.dropped
+
+
+@pytest.fixture
+def rank_nodes() -> Iterator[Any]:
+    """A head that takes no work (this process is its driver, as in `engine_nodes`) and three one-CPU nodes: the
+    engine replica and each of the two trainer ranks get a node of their own."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    ray.init(address=cluster.address)
+    for _ in range(3):
+        cluster.add_node(num_cpus=1)
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def _remove_rank_1s_node_when(cluster: Any, path: Path, done: threading.Event, removed: list[float]) -> None:
+    """Once `path` exists, take down the node that holds trainer rank 1 (bundle 1 of the trainer's placement group)."""
+    import ray
+
+    while not path.exists() and not done.is_set():
+        time.sleep(0.05)
+    if done.is_set():
+        return
+    (group,) = [g for g in ray.util.placement_group_table().values() if len(g["bundles"]) == 2 and g["state"] == "CREATED"]
+    (node,) = [n for n in cluster.list_all_nodes() if n.node_id == group["bundles_to_node_id"][1]]
+    removed.append(time.monotonic())
+    cluster.remove_node(node)
+
+
+@pytest.mark.slow
+def test_a_node_that_dies_under_a_trainer_rank_stops_the_run_at_once_with_its_last_checkpoint(
+    compose_cfg, rank_nodes: Any, tmp_path: Path
+) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from grpo_pipe.checkpointing import Checkpoint
+    from grpo_pipe.trainer.errors import TrainerLost
+
+    cfg = compose_cfg(["placement=split", "trainer=fsdp", "trainer.world_size=2", "weight_bridge=nccl",
+                       f"placement.ray_address={rank_nodes.address}", "trainer.steps=8", "checkpoint.every=1"])
+    done, removed = threading.Event(), []
+    killer = threading.Thread(target=_remove_rank_1s_node_when,
+                              args=(rank_nodes, tmp_path / "checkpoints" / "step-000002", done, removed))
+    killer.start()
+    try:
+        with pytest.raises(TrainerLost, match="trainer rank 1 of 2 died"):
+            run(cfg, JobContext(output_dir=tmp_path, run_name="rank-lost"))
+        stopped = time.monotonic()
+    finally:
+        done.set()
+        killer.join()
+    assert len(removed) == 1
+    # Not the process group's timeout (trainer.timeout_s, 300 s): the dead rank is noticed by Ray, then all stops.
+    assert stopped - removed[0] < 120
+    saved = sorted((tmp_path / "checkpoints").glob("step-*"))
+    assert saved and 2 <= Checkpoint(saved[-1]).step < 8  # the run stopped part-way, with a checkpoint at least at step 2
+    assert all(not Checkpoint(path).problems() for path in saved)  # every checkpoint left whole: resume=latest takes it
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    [tracked] = client.search_runs([client.get_experiment_by_name("grpo_pipe").experiment_id])
+    assert tracked.info.status == "FAILED"
+    assert tracked.data.tags["grpo_pipe.last_checkpoint_step"] == str(Checkpoint(saved[-1]).step)
