@@ -33,7 +33,9 @@ def _run(cmd: list[str]) -> subprocess.CompletedProcess:
     return proc
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 300) -> None:
+def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 600) -> None:
+    """As long as `_run` gives a whole job: on a busy machine the start-up alone (MLflow creating its database,
+    vLLM's import) has taken over four minutes."""
     deadline = time.monotonic() + timeout_s
     while not path.exists():
         assert proc.poll() is None, f"the run ended before {path.name} appeared"
@@ -107,15 +109,18 @@ def test_resume_with_a_changed_config_is_refused_before_anything_loads(reference
 def test_the_printed_continue_command_alone_resumes_the_same_job(tmp_path) -> None:
     """SIGTERM, then exactly the command the log prints (no overrides re-typed), run from another folder: the
     checkpoint's job continues with its own config and ends at the last step."""
-    store, run_dir = tmp_path / "mlflow.db", tmp_path / "run"
+    store, run_dir, console = tmp_path / "mlflow.db", tmp_path / "run", tmp_path / "console.txt"
     env = {**os.environ, "COLUMNS": "1000"}  # one log record per line, so the printed command is not wrapped
-    proc = subprocess.Popen(_command(run_dir, store), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env=env)
-    try:
-        _wait_for(run_dir / "checkpoints" / "step-000002", proc)
-    finally:
-        proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=300)
+    # The console goes to a file, not a pipe read only at the end: each line is 1000 columns, and a job that
+    # logged more than the pipe holds before its second checkpoint would block on the write and never reach it.
+    with console.open("w") as sink:
+        proc = subprocess.Popen(_command(run_dir, store), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, env=env)
+        try:
+            _wait_for(run_dir / "checkpoints" / "step-000002", proc)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=300)
+    out = console.read_text()
     printed = re.search(r"continue with: python -m grpo_pipe (resume=\S+)", out)
     assert printed, out[-3000:]
     elsewhere = tmp_path / "elsewhere"
