@@ -19,9 +19,12 @@ from typing import Any
 
 class StepGate:
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Re-entrant, and the generating thread runs work at once: work may itself go through the gate (a bridge's
+        # sync calls an engine method that does), and must not wait for the thread that is running it.
+        self._lock = threading.RLock()
         self._pending: deque[tuple[Callable[[], Any], Future[Any]]] = deque()
         self._generating = False
+        self._generator: int | None = None  # the generating thread's id: between two of its steps when it asks
 
     def __getstate__(self) -> dict[str, Any]:
         return {}  # an engine spec sent to another process gets a fresh, idle gate
@@ -31,6 +34,8 @@ class StepGate:
 
     def run(self, work: Callable[[], Any]) -> Any:
         """Run `work` between two engine steps (or now, if the engine is idle); return its result."""
+        if self._generator == threading.get_ident():
+            return work()  # the generating thread itself, between steps (or draining): no step is running
         with self._lock:
             if not self._generating:
                 return work()  # under the lock: a generation cannot start meanwhile
@@ -60,13 +65,13 @@ class StepGate:
     @contextmanager
     def generating(self) -> Iterator[None]:
         with self._lock:
-            self._generating = True
+            self._generating, self._generator = True, threading.get_ident()
         try:
             yield
         finally:
             while True:  # work that arrived after the last step runs here, before the gate opens
                 with self._lock:
                     if not self._pending:
-                        self._generating = False
+                        self._generating, self._generator = False, None
                         break
                 self.drain()

@@ -150,6 +150,22 @@ def test_without_a_generation_work_runs_at_once_and_errors_reach_the_caller() ->
         gate.run(lambda: 1 / 0)
 
 
+def test_work_that_goes_through_the_gate_again_runs_at_once_from_the_idle_caller_and_from_the_generating_thread() -> None:
+    """A bridge's sync runs an engine method that itself goes through the gate: neither the caller holding the idle
+    gate nor the generating thread draining queued work may wait for itself."""
+    gate = StepGate()
+    assert gate.run(lambda: gate.run(lambda: "nested")) == "nested"  # idle: the caller already holds the gate
+    ran: list[str] = []
+    with gate.generating():
+        asked = threading.Thread(target=lambda: ran.append(gate.run(lambda: gate.run(lambda: "drained"))))
+        asked.start()
+        while not gate.has_pending():  # queued from the other thread, as a sync mid-generation is
+            time.sleep(0.001)
+        gate.drain()  # this (generating) thread runs it, and the nested run inside it, between two steps
+        asked.join(timeout=10)
+    assert ran == ["drained"]
+
+
 def test_sample_keys_follow_vllm_request_ids() -> None:
     assert sample_key("1_4-981ffec2") == ("4", 1)
     assert sample_key("4-981ffec2") == ("4", 0)
