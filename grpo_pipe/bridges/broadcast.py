@@ -16,8 +16,19 @@ from typing import Any, Literal
 
 import torch
 
-from grpo_pipe.bridges.collective import Bucket, broadcast, host_store, join_group, open_group, pack, plan_buckets, unpack
+from grpo_pipe.bridges.collective import (
+    TRAINER_RANK,
+    Bucket,
+    broadcast,
+    host_store,
+    join_group,
+    open_group,
+    pack,
+    plan_buckets,
+    unpack,
+)
 from grpo_pipe.bridges.contract import check_sync_every
+from grpo_pipe.bridges.shared_memory import copy_targets
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import Policy, WorkerRpcEngine
 from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
@@ -72,6 +83,7 @@ class BroadcastBridge:
         self.engine: Any = None
         self._group: Any = None
         self._store: Any = None
+        self._plan: tuple[Any, list[Bucket], list[dict]] | None = None  # (names, shapes, dtype) -> buckets
 
     @property
     def resolved_backend(self) -> str:
@@ -108,18 +120,12 @@ class BroadcastBridge:
             raise RuntimeError("bridge used before connect()")
         engine = self.engine
         started = time.perf_counter()
-        dtype = engine.weight_dtype
-        weights = [(name, t.detach().to(dtype).contiguous()) for name, t in policy.named_weights()]
-        plan = plan_buckets(weights, self.bucket_bytes)
+        sources = [(name, t.detach()) for name, t in policy.named_weights()]
+        plan, wire = self._plan_for(sources, engine.weight_dtype)
         gathered = time.perf_counter()
-        wire = [b.to_wire() for b in plan]
         receiving = _Call(lambda: engine.call_workers("grpo_receive_weights", wire, timeout_s=self.timeout_s))
-        cursor = 0
         try:
-            for bucket in plan:
-                tensors = [t for _, t in weights[cursor : cursor + len(bucket.specs)]]
-                cursor += len(bucket.specs)
-                broadcast(self._group, pack(tensors))
+            self._send(plan, [t for _, t in sources])
         except RuntimeError:  # the receiving side went away mid-broadcast: its call says why (a lost engine
             receiving.wait(self.timeout_s)  # raises EngineLost, which the runner recovers from)
             raise
@@ -135,6 +141,34 @@ class BroadcastBridge:
             bytes_moved=int(sum(r["bytes"] for r in reports)),
             policy_version=version,
         )
+
+    def _plan_for(self, sources: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> tuple[list[Bucket], list[dict]]:
+        """The buckets for these tensors in the engine's dtype, and their wire form: planned once, reused
+        while the names and shapes stay the same (every sync of a run)."""
+        key = (dtype, tuple((name, tuple(t.shape)) for name, t in sources))
+        if self._plan is None or self._plan[0] != key:
+            shapes = [(name, torch.empty(t.shape, dtype=dtype, device="meta")) for name, t in sources]
+            plan = plan_buckets(shapes, self.bucket_bytes)
+            self._plan = (key, plan, [b.to_wire() for b in plan])
+        return self._plan[1], self._plan[2]
+
+    def _send(self, plan: list[Bucket], tensors: list[torch.Tensor]) -> None:
+        """Pack each bucket (cast and copy in one launch) and broadcast it. Over NCCL nothing waits between
+        buckets: bucket k+1 is packed on the compute stream while bucket k travels on NCCL's stream, and
+        every broadcast is waited for at the end (its buffer lives until then)."""
+        in_flight: list[tuple[Any, torch.Tensor]] = []
+        cursor = 0
+        for bucket in plan:
+            chunk = tensors[cursor : cursor + len(bucket.specs)]
+            cursor += len(bucket.specs)
+            flat = pack(bucket, chunk)
+            work = self._group.broadcast(flat, TRAINER_RANK)
+            if self.resolved_backend == "nccl":
+                in_flight.append((work, flat))
+            else:  # gloo runs on its own threads: one bucket at a time keeps their order plain
+                work.wait()
+        for work, _ in in_flight:
+            work.wait()
 
     def close(self) -> None:
         if self.engine is not None and self.engine.is_running() and self._group is not None:
@@ -154,22 +188,30 @@ class BroadcastReceiver(EngineWorker):
     def grpo_receive_weights(self, wire_plan: list[dict]) -> dict[str, float]:
         """Receive every bucket and load it. Returns bytes received and the receive / load times.
 
-        On GPU each bucket is handed to vLLM's loader as soon as it arrives: the loader's copies are
-        queued on the compute stream and overlap the next bucket's broadcast on NCCL's stream. The
-        CPU reload path repacks whole layers, so there all buckets are loaded together at the end.
+        On a GPU each bucket is copied straight into the engine's parameter slices it belongs to (one
+        fused launch per bucket, found once per run: `copy_targets`) as soon as it arrives, so the copy
+        of bucket k overlaps the broadcast of bucket k+1; where some tensor has no exact slot (a quantised
+        or sharded layout) vLLM's loader does the work instead. The CPU reload path repacks whole layers,
+        so there all buckets are loaded together at the end.
         """
         started = time.perf_counter()
         device = torch.device(self.device) if hasattr(self, "device") else torch.device("cpu")
+        buckets = [Bucket.from_wire(wire) for wire in wire_plan]
+        targets = self._grpo_bucket_targets(buckets) if device.type == "cuda" else None
         received: list[tuple[str, torch.Tensor]] = []
         nbytes = 0
-        for bucket in map(Bucket.from_wire, wire_plan):
+        for index, bucket in enumerate(buckets):
             flat = torch.empty(bucket.numel, dtype=getattr(torch, bucket.dtype), device=device)
-            broadcast(self._grpo_group, flat)
+            broadcast(self._grpo_group, flat)  # on a GPU: the compute stream waits for it, this thread does not
             nbytes += flat.numel() * flat.element_size()
+            views = unpack(flat, bucket)
             if device.type == "cpu":
-                received.extend(unpack(flat, bucket))
+                received.extend(views)
+            elif targets is not None:
+                with torch.no_grad():  # `_foreach_copy_` is torch's own, though not among its exports
+                    torch._foreach_copy_(targets[index], [view for _, view in views])  # pyright: ignore[reportPrivateImportUsage]
             else:
-                self.model_runner.model.load_weights(weights=unpack(flat, bucket))
+                self.model_runner.model.load_weights(weights=views)
         arrived = time.perf_counter()
         if device.type == "cpu":
             self.reload_weights(weights_iterator=iter(received))
@@ -178,12 +220,31 @@ class BroadcastReceiver(EngineWorker):
             torch.cuda.synchronize(device)
         return {"bytes": float(nbytes), "receive_s": arrived - started, "load_s": time.perf_counter() - arrived}
 
+    def _grpo_bucket_targets(self, buckets: list[Bucket]) -> list[list[torch.Tensor]] | None:
+        """Per bucket, the engine parameter slices its tensors are copied into (None: vLLM's loader loads).
+        Found once and kept while the plan and the engine's parameter storage stay the same."""
+        model = self.model_runner.model
+        key = (tuple(buckets), tuple(p.data_ptr() for p in model.parameters()))
+        cached = getattr(self, "_grpo_targets_for", None)
+        if cached is None or cached[0] != key:
+            sources = [(spec.name, torch.empty(spec.shape, dtype=getattr(torch, bucket.dtype), device="meta"))
+                       for bucket in buckets for spec in bucket.specs]
+            flat_targets = copy_targets(model, sources)
+            per_bucket = None
+            if flat_targets is not None:
+                per_bucket, cursor = [], 0
+                for bucket in buckets:
+                    per_bucket.append(flat_targets[cursor : cursor + len(bucket.specs)])
+                    cursor += len(bucket.specs)
+            self._grpo_targets_for = cached = (key, per_bucket)
+        return cached[1]
+
     def grpo_receive_raw(self, nbytes: int) -> None:
         """Receive one flat buffer and drop it: the transport floor, for benchmarks."""
         device = self.device if hasattr(self, "device") else torch.device("cpu")
         broadcast(self._grpo_group, torch.empty(nbytes, dtype=torch.uint8, device=device))
 
     def grpo_close_weight_group(self) -> None:
-        for attr in ("_grpo_group", "_grpo_store"):
+        for attr in ("_grpo_group", "_grpo_store", "_grpo_targets_for"):
             if hasattr(self, attr):
                 delattr(self, attr)

@@ -8,7 +8,7 @@ a dead peer surfaces as an error, never a hang.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -77,8 +77,13 @@ def plan_buckets(weights: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int)
     return buckets
 
 
-def pack(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
-    return torch.cat([t.reshape(-1) for t in tensors])
+def pack(bucket: Bucket, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """One flat buffer in the bucket's dtype holding `tensors` in plan order, cast and copied in one fused
+    launch (no intermediate copy per tensor)."""
+    flat = torch.empty(bucket.numel, dtype=getattr(torch, bucket.dtype), device=tensors[0].device)
+    with torch.no_grad():  # torch does not export its _foreach ops, though `_foreach_copy_` is theirs
+        torch._foreach_copy_([view for _, view in unpack(flat, bucket)], list(tensors))  # pyright: ignore[reportPrivateImportUsage]
+    return flat
 
 
 def unpack(flat: torch.Tensor, bucket: Bucket) -> list[tuple[str, torch.Tensor]]:

@@ -20,7 +20,7 @@ import torch
 
 from grpo_pipe.bridges.collective import plan_buckets
 from grpo_pipe.bridges.contract import check_sync_every
-from grpo_pipe.bridges.shared_memory import SharedBuckets, engine_views, map_buckets
+from grpo_pipe.bridges.shared_memory import SharedBuckets, copy_targets, map_buckets
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import LocalEngine, Policy
 from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
@@ -114,7 +114,7 @@ class SharedBucketsReceiver(EngineWorker):
         self._grpo_shared_flats = flats  # keeps the mappings open
         self._grpo_targets = None
         if flats and flats[0].is_cuda:
-            self._grpo_targets = _copy_targets(self.model_runner.model, self._grpo_shared)
+            self._grpo_targets = copy_targets(self.model_runner.model, self._grpo_shared)
         return "direct copy" if self._grpo_targets is not None else "vLLM loader"
 
     def grpo_load_shared(self) -> dict[str, float]:
@@ -139,17 +139,3 @@ class SharedBucketsReceiver(EngineWorker):
             if hasattr(self, attr):
                 delattr(self, attr)
 
-
-def _copy_targets(model: Any, sources: list[tuple[str, torch.Tensor]]) -> list[torch.Tensor] | None:
-    """The engine tensor slice each source is copied into, or None when some source has no exact slot
-    (e.g. a quantised or repacked layout): vLLM's loader then does the work."""
-    engine_params = {n: p.data for n, p in model.named_parameters(remove_duplicate=False)}
-    shapes = {name: tensor for name, tensor in sources}
-    try:
-        views = engine_views(engine_params, shapes, getattr(model, "packed_modules_mapping", {}))
-    except RuntimeError:
-        return None
-    targets = [views[name] for name, _ in sources]
-    if any(t.shape != s.shape or t.dtype != s.dtype for t, (_, s) in zip(targets, sources)):
-        return None
-    return targets

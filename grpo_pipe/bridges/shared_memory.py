@@ -96,6 +96,21 @@ def engine_views(engine_params: Mapping[str, torch.Tensor], trainer_params: Mapp
     return views
 
 
+def copy_targets(model: Any, sources: list[tuple[str, torch.Tensor]]) -> list[torch.Tensor] | None:
+    """The engine tensor slice each source is copied into, or None when some source has no exact slot
+    (e.g. a quantised or repacked layout): vLLM's loader then does the work."""
+    engine_params = {n: p.data for n, p in model.named_parameters(remove_duplicate=False)}
+    shapes = {name: tensor for name, tensor in sources}
+    try:
+        views = engine_views(engine_params, shapes, getattr(model, "packed_modules_mapping", {}))
+    except RuntimeError:
+        return None
+    targets = [views[name] for name, _ in sources]
+    if any(t.shape != s.shape or t.dtype != s.dtype for t, (_, s) in zip(targets, sources)):
+        return None
+    return targets
+
+
 class SharedBuckets:
     """Flat buffers in the engine's dtype, allocated once, that the engine's worker maps once.
 

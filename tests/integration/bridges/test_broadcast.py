@@ -20,9 +20,13 @@ def test_buckets_pack_and_unpack_exactly() -> None:
     assert [len(b.specs) for b in buckets] == [1, 1, 1]  # b alone exceeds a bucket; c cannot join it
     merged = plan_buckets(weights, bucket_bytes=10_000)
     assert len(merged) == 1
-    restored = unpack(pack(t for _, t in weights), merged[0])
+    restored = unpack(pack(merged[0], [t for _, t in weights]), merged[0])
     for (name, tensor), (name2, tensor2) in zip(weights, restored):
         assert name == name2 and torch.equal(tensor, tensor2)
+    # Packing casts to the bucket's dtype on the way (the trainer's fp32 master weights, a bf16 engine).
+    half = plan_buckets([(n, t.to(torch.bfloat16)) for n, t in weights], bucket_bytes=10_000)[0]
+    for (_, tensor), (_, packed) in zip(weights, unpack(pack(half, [t for _, t in weights]), half)):
+        assert packed.dtype == torch.bfloat16 and torch.equal(packed, tensor.to(torch.bfloat16))
 
 
 def test_a_peer_that_never_joins_is_an_error_within_the_timeout() -> None:
