@@ -134,6 +134,7 @@ class StepRecorder:
             **step_metrics.overlap_summary(scheduler, self.train_spans, self.wait_s, loop_s),
             "summary/in_flight_updated_fraction": self.samples_updated_in_flight / max(self.samples, 1),
             "summary/step_s": sum(s["step_s"] for s in self.phase_seconds) / max(len(self.phase_seconds), 1),
+            "summary/first_step_s": self.phase_seconds[0]["step_s"] if self.phase_seconds else 0.0,  # warm-up
             **self.phase_summary(),
         }
 

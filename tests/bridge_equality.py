@@ -30,10 +30,12 @@ def greedy(engine, prompts) -> list[tuple[int, ...]]:
 
 
 def train_sync_and_compare(
-    cfg: DictConfig, saved: Path, fresh_from: str = "merged", before_close: Callable[[Components], None] | None = None
+    cfg: DictConfig, saved: Path, fresh_from: str = "merged", before_close: Callable[[Components], None] | None = None,
+    push_every_step: bool = False,
 ) -> SyncStats:
     """`fresh_from="adapter"`: the fresh engine loads the base model plus the trainer's saved LoRA adapter
-    (in bf16 an unmerged adapter is not bitwise equal to merged weights); "merged": one full checkpoint."""
+    (in bf16 an unmerged adapter is not bitwise equal to merged weights); "merged": one full checkpoint.
+    `push_every_step`: push after each of the two steps, so the second push runs on what the first one set up."""
     parts = build(cfg)
     engine, trainer, bridge, data = parts.rollout, parts.trainer, parts.weight_bridge, parts.data
     model_path = parts.model.materialize()
@@ -53,6 +55,8 @@ def train_sync_and_compare(
             rewards = [rng.choice([0.0, 1.0]) for g in groups for _ in g.completions]
             metrics = trainer.step(groups, rewards, temperature=1.0)
             assert metrics["train/update_applied"] == 1.0 and metrics["train/active_samples"] > 0
+            if push_every_step and trainer.version < 2:
+                push_weights(bridge, engine, trainer.policy, trainer.version)
         stats = push_weights(bridge, engine, trainer.policy, trainer.version)
         assert stats.policy_version == trainer.version == engine.served_version == 2
         live = greedy(engine, prompts)
@@ -68,21 +72,29 @@ def train_sync_and_compare(
         engine.shutdown()
         getattr(parts.trainer, "close", lambda: None)()
         parts.placement.close()
+    fresh = fresh_greedy(cfg, saved, prompts, fresh_from, model_path, bridge.engine_options())
+    assert live == fresh, f"live engine after sync differs from a fresh engine on the same weights: {divergence(live, fresh)}"
+    assert live != before, "the sync did not change the engine's outputs"
+    return stats
+
+
+def fresh_greedy(cfg: DictConfig, saved: Path, prompts: list, fresh_from: str = "merged", model_path: Path | None = None,
+                 engine_options: dict | None = None) -> list[tuple[int, ...]]:
+    """Greedy outputs of a fresh engine (as configured) on the weights saved in `saved`: a full checkpoint
+    ("merged"), or the base model at `model_path` plus the adapter saved there ("adapter")."""
     fresh_engine = instantiate(cfg.rollout, _convert_="all")
     # The reference engine always runs in this process: same weights, same kernels, no process start-up.
     fresh_engine.in_process, fresh_engine.device_ids = True, None
     if fresh_from == "adapter":
-        fresh_engine.connect(model_path, bridge.engine_options())
+        assert model_path is not None
+        fresh_engine.connect(model_path, engine_options or {})
         fresh_engine.use_adapter("fresh", 1, saved)
     else:
         fresh_engine.connect(saved)
     try:
-        fresh = greedy(fresh_engine, prompts)
+        return greedy(fresh_engine, prompts)
     finally:
         fresh_engine.shutdown()
-    assert live == fresh, f"live engine after sync differs from a fresh engine on the same weights: {divergence(live, fresh)}"
-    assert live != before, "the sync did not change the engine's outputs"
-    return stats
 
 
 def divergence(live: list[tuple[int, ...]], fresh: list[tuple[int, ...]]) -> str:

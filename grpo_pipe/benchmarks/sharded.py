@@ -1,0 +1,143 @@
+"""Benchmark: the sharded trainer (`trainer=fsdp`) at several world sizes on the same batches, in one run.
+
+    python -m grpo_pipe.benchmarks.sharded --world-sizes 1,2 --steps 6 --prompts 16 --samples 8 \\
+        --prompt-tokens 128 --completion-tokens 384 model=random_architecture model.arch=qwen2.5-1.5b
+
+Every world size trains the same seeded batches (random tokens in the model's vocabulary, rewards 0/1, the
+engine's log-probs set near a random-init model's own so importance weights stay near 1) at the same
+global batch, from the same starting weights. Printed per world size: the median trainer step (what the
+runner records as `time/train_s`, the first step left out as warm-up) and its speed-up over the first
+world size, and the loss of the first steps beside the first world size's. Then the last world size
+writes the checkpoint the runner writes (`trainer.state_dict()`, to a file), trains one more step, and
+the first world size resumes from the file and trains the same step: the two losses are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.utils import instantiate
+
+from grpo_pipe.config.sources import CONF_DIR
+from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, Task
+
+LOSS_STEPS = 5  # losses compared across world sizes
+
+
+def batches(count: int, prompts: int, samples: int, prompt_tokens: int, completion_tokens: int,
+            vocab: int, seed: int = 0) -> list[tuple[list[RolloutGroup], list[float]]]:
+    """`count` seeded training batches of `prompts` groups x `samples` completions, every group with signal."""
+    gen = torch.Generator().manual_seed(seed)
+    sampled = -math.log(vocab)  # a random-init model's log-prob of any token
+    telemetry = RequestTelemetry(prompt_tokens=prompt_tokens, generated_tokens=completion_tokens, cached_prompt_tokens=0)
+    out = []
+    for _ in range(count):
+        groups, rewards = [], []
+        for p in range(prompts):
+            prompt = tuple(torch.randint(10, vocab, (prompt_tokens,), generator=gen).tolist())
+            completions = tuple(
+                Completion(tuple(torch.randint(10, vocab, (completion_tokens,), generator=gen).tolist()),
+                           (sampled,) * completion_tokens, "", "stop", 0, telemetry)
+                for _ in range(samples)
+            )
+            groups.append(RolloutGroup(Task(str(p), "q", "1"), prompt, completions))
+            rewards += [float(i % 2) for i in range(samples)]  # half right in every group: all carry signal
+        out.append((groups, rewards))
+    return out
+
+
+def trainer_for(overrides: list[str], world_size: int) -> tuple[Any, Path, int]:
+    """The configured sharded trainer at `world_size`, set up on the configured model."""
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("config", overrides=[*overrides, "trainer=fsdp", f"trainer.world_size={world_size}", "logger=none"])
+    model = instantiate(cfg.model, _convert_="all")
+    path = model.materialize()
+    trainer = instantiate(cfg.trainer, _convert_="all")  # its policy, loss and optimizer with it, as configured
+    tokenizer = model.tokenizer()
+    trainer.setup(path, torch.device("cpu"), pad_id=tokenizer.pad_token_id or 0)
+    return trainer, path, len(tokenizer)
+
+
+def train(trainer: Any, work: list[tuple[list[RolloutGroup], list[float]]]) -> tuple[list[float], list[float]]:
+    """Step times (wall clock of `trainer.step`) and losses."""
+    times, losses = [], []
+    for groups, rewards in work:
+        started = time.perf_counter()
+        metrics = trainer.step(groups, rewards, 1.0)
+        times.append(time.perf_counter() - started)
+        losses.append(float(metrics["train/loss"]))
+    return times, losses
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world-sizes", default="1,2", help="the first is the baseline")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--completion-tokens", type=int, default=384)
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("overrides", nargs="*", help="config overrides (model, policy, loss, trainer settings)")
+    args = parser.parse_args()
+    import ray
+
+    sizes = [int(s) for s in args.world_sizes.split(",")]
+    ray.init(address="local", num_cpus=2 * max(sizes) + 2, include_dashboard=False, _node_ip_address="127.0.0.1")
+    rows: list[dict[str, Any]] = []
+    work: list[tuple[list[RolloutGroup], list[float]]] = []
+    with tempfile.TemporaryDirectory(prefix="grpo_pipe-sharded-bench-") as scratch:
+        checkpoint = Path(scratch) / "trainer.pt"
+        for index, size in enumerate(sizes):
+            trainer, _, vocab = trainer_for(args.overrides, size)
+            if not work:
+                work = batches(args.steps + 1, args.prompts, args.samples, args.prompt_tokens, args.completion_tokens, vocab)
+            try:
+                times, losses = train(trainer, work[: args.steps])
+                row = {"world_size": size, "step_s": statistics.median(times[1:] or times), "steps_s": times,
+                       "losses": losses}
+                if index == len(sizes) - 1 and len(sizes) > 1:  # the runner's checkpoint, then one step past it
+                    torch.save(trainer.state_dict(), checkpoint)
+                    row["next_loss"] = train(trainer, work[args.steps :])[1][0]
+            finally:
+                trainer.close()
+            row["speed_up"] = rows[0]["step_s"] / row["step_s"] if rows else 1.0
+            row["loss_rel_diff"] = max(abs(a - b) / max(abs(b), 1e-12) for a, b in
+                                       zip(losses[:LOSS_STEPS], (rows[0] if rows else row)["losses"][:LOSS_STEPS]))
+            rows.append(row)
+            print(format_row(row), flush=True)
+        if len(sizes) > 1:
+            resumed, _, _ = trainer_for(args.overrides, sizes[0])
+            try:
+                resumed.load_state_dict(torch.load(checkpoint, weights_only=False))
+                again = train(resumed, work[args.steps :])[1][0]
+            finally:
+                resumed.close()
+            want = rows[-1]["next_loss"]
+            print(f"checkpoint written at world size {sizes[-1]} after step {args.steps}, resumed at world size "
+                  f"{sizes[0]}: next step's loss {again:.6g} vs {want:.6g} at world size {sizes[-1]} "
+                  f"(relative difference {abs(again - want) / max(abs(want), 1e-12):.2e})", flush=True)
+            rows[-1]["resumed_loss"] = again
+    ray.shutdown()
+    if args.json:
+        args.json.write_text(json.dumps({"overrides": args.overrides, "args": vars(args) | {"json": str(args.json)},
+                                         "rows": rows}, indent=2, default=str))
+
+
+def format_row(row: dict[str, Any]) -> str:
+    return (f"world_size={row['world_size']}  trainer step {row['step_s']:.3f} s (median)  speed-up vs first "
+            f"{row['speed_up']:.2f}x  losses " + ", ".join(f"{x:.6g}" for x in row["losses"][:LOSS_STEPS])
+            + f"  max relative difference from the first world size {row['loss_rel_diff']:.2e}")
+
+
+if __name__ == "__main__":
+    main()
