@@ -67,15 +67,18 @@ def trainer_for(overrides: list[str], world_size: int) -> tuple[Any, Path, int]:
     return trainer, path, len(tokenizer)
 
 
-def train(trainer: Any, work: list[tuple[list[RolloutGroup], list[float]]]) -> tuple[list[float], list[float]]:
-    """Step times (wall clock of `trainer.step`) and losses."""
-    times, losses = [], []
+def train(trainer: Any, work: list[tuple[list[RolloutGroup], list[float]]]) -> tuple[list[float], list[float], list[float]]:
+    """Step times (wall clock of `trainer.step`), losses and global grad norms. The GRPO loss of a batch whose groups
+    are half right is a near-cancelling sum, so its relative difference across world sizes says little; the grad norm
+    does not cancel."""
+    times, losses, norms = [], [], []
     for groups, rewards in work:
         started = time.perf_counter()
         metrics = trainer.step(groups, rewards, 1.0)
         times.append(time.perf_counter() - started)
         losses.append(float(metrics["train/loss"]))
-    return times, losses
+        norms.append(float(metrics["train/grad_norm"]))
+    return times, losses, norms
 
 
 def main() -> None:
@@ -102,17 +105,19 @@ def main() -> None:
             if not work:
                 work = batches(args.steps + 1, args.prompts, args.samples, args.prompt_tokens, args.completion_tokens, vocab)
             try:
-                times, losses = train(trainer, work[: args.steps])
+                times, losses, norms = train(trainer, work[: args.steps])
                 row = {"world_size": size, "step_s": statistics.median(times[1:] or times), "steps_s": times,
-                       "losses": losses}
+                       "losses": losses, "grad_norms": norms}
                 if index == len(sizes) - 1 and len(sizes) > 1:  # the runner's checkpoint, then one step past it
                     torch.save(trainer.state_dict(), checkpoint)
                     row["next_loss"] = train(trainer, work[args.steps :])[1][0]
             finally:
                 trainer.close()
             row["speed_up"] = rows[0]["step_s"] / row["step_s"] if rows else 1.0
-            row["loss_rel_diff"] = max(abs(a - b) / max(abs(b), 1e-12) for a, b in
-                                       zip(losses[:LOSS_STEPS], (rows[0] if rows else row)["losses"][:LOSS_STEPS]))
+            first = rows[0] if rows else row
+            row["loss_abs_diff"] = max(abs(a - b) for a, b in zip(losses[:LOSS_STEPS], first["losses"][:LOSS_STEPS]))
+            row["grad_norm_rel_diff"] = max(abs(a - b) / max(abs(b), 1e-12) for a, b in
+                                            zip(norms[:LOSS_STEPS], first["grad_norms"][:LOSS_STEPS]))
             rows.append(row)
             print(format_row(row), flush=True)
         if len(sizes) > 1:
@@ -135,8 +140,10 @@ def main() -> None:
 
 def format_row(row: dict[str, Any]) -> str:
     return (f"world_size={row['world_size']}  trainer step {row['step_s']:.3f} s (median)  speed-up vs first "
-            f"{row['speed_up']:.2f}x  losses " + ", ".join(f"{x:.6g}" for x in row["losses"][:LOSS_STEPS])
-            + f"  max relative difference from the first world size {row['loss_rel_diff']:.2e}")
+            f"{row['speed_up']:.2f}x\n    losses " + ", ".join(f"{x:.6g}" for x in row["losses"][:LOSS_STEPS])
+            + f"  (largest absolute difference from the first world size {row['loss_abs_diff']:.2e})\n    grad norms "
+            + ", ".join(f"{x:.6g}" for x in row["grad_norms"][:LOSS_STEPS])
+            + f"  (largest relative difference from the first world size {row['grad_norm_rel_diff']:.2e})")
 
 
 if __name__ == "__main__":
