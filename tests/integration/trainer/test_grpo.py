@@ -64,8 +64,11 @@ def test_compiled_blocks_train_exactly_as_the_eager_model(lora: bool) -> None:
     grads = [(n, p.grad) for n, p in eager.policy.module.named_parameters() if p.grad is not None]
     assert grads and any(g.abs().max() > 0 for _, g in grads)
     compiled_grads = dict(compiled.policy.module.named_parameters())
-    for name, grad in grads:  # fp32, fused kernels sum in another order: equal to rounding
-        torch.testing.assert_close(compiled_grads[name].grad, grad, rtol=1e-4, atol=1e-7, msg=name)
+    for name, grad in grads:  # fp32, fused kernels sum in another order: equal to rounding, which scales with the
+        # tensor (the tied embedding's gradient sums the head's over every position: 2e-7 off where its largest is 0.13);
+        # a wrong gradient would be off by a share of the gradient itself
+        scale = float(grad.abs().max())
+        torch.testing.assert_close(compiled_grads[name].grad, grad, rtol=1e-4, atol=max(1e-7, 1e-5 * scale), msg=name)
 
 
 def test_collate_pads_the_width_to_a_multiple_and_masks_the_padding() -> None:
