@@ -55,8 +55,8 @@ def batches(count: int, prompts: int, samples: int, prompt_tokens: int, completi
     return out
 
 
-def trainer_for(overrides: list[str], world_size: int) -> tuple[Any, Path, int]:
-    """The configured sharded trainer at `world_size`, set up on the configured model."""
+def trainer_for(overrides: list[str], world_size: int) -> tuple[Any, int]:
+    """The configured sharded trainer at `world_size`, set up on the configured model, and the model's vocabulary size."""
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[*overrides, "trainer=fsdp", f"trainer.world_size={world_size}", "logger=none"])
     model = instantiate(cfg.model, _convert_="all")
@@ -64,7 +64,7 @@ def trainer_for(overrides: list[str], world_size: int) -> tuple[Any, Path, int]:
     trainer = instantiate(cfg.trainer, _convert_="all")  # its policy, loss and optimizer with it, as configured
     tokenizer = model.tokenizer()
     trainer.setup(path, torch.device("cpu"), pad_id=tokenizer.pad_token_id or 0)
-    return trainer, path, len(tokenizer)
+    return trainer, len(tokenizer)
 
 
 def train(trainer: Any, work: list[tuple[list[RolloutGroup], list[float]]]) -> tuple[list[float], list[float], list[float]]:
@@ -101,7 +101,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="grpo_pipe-sharded-bench-") as scratch:
         checkpoint = Path(scratch) / "trainer.pt"
         for index, size in enumerate(sizes):
-            trainer, _, vocab = trainer_for(args.overrides, size)
+            trainer, vocab = trainer_for(args.overrides, size)
             if not work:
                 work = batches(args.steps + 1, args.prompts, args.samples, args.prompt_tokens, args.completion_tokens, vocab)
             try:
@@ -121,7 +121,7 @@ def main() -> None:
             rows.append(row)
             print(format_row(row), flush=True)
         if len(sizes) > 1:
-            resumed, _, _ = trainer_for(args.overrides, sizes[0])
+            resumed, _ = trainer_for(args.overrides, sizes[0])
             try:
                 resumed.load_state_dict(torch.load(checkpoint, weights_only=False))
                 again = train(resumed, work[args.steps :])[1][0]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import torch
@@ -20,6 +20,7 @@ from grpo_pipe.bridges.collective import (
     TRAINER_RANK,
     Bucket,
     broadcast,
+    by_bucket,
     host_store,
     join_group,
     open_group,
@@ -157,10 +158,7 @@ class BroadcastBridge:
         buckets: bucket k+1 is packed on the compute stream while bucket k travels on NCCL's stream, and
         every broadcast is waited for at the end (its buffer lives until then)."""
         in_flight: list[tuple[Any, torch.Tensor]] = []
-        cursor = 0
-        for bucket in plan:
-            chunk = tensors[cursor : cursor + len(bucket.specs)]
-            cursor += len(bucket.specs)
+        for bucket, chunk in zip(plan, by_bucket(tensors, plan)):
             flat = pack(bucket, chunk)
             work = self._group.broadcast(flat, TRAINER_RANK)
             if self.resolved_backend == "nccl":
@@ -209,7 +207,7 @@ class BroadcastReceiver(EngineWorker):
                 received.extend(views)
             elif targets is not None:
                 with torch.no_grad():  # `_foreach_copy_` is torch's own, though not among its exports
-                    torch._foreach_copy_(targets[index], [view for _, view in views])  # pyright: ignore[reportPrivateImportUsage]
+                    torch._foreach_copy_(list(targets[index]), [view for _, view in views])  # pyright: ignore[reportPrivateImportUsage]
             else:
                 self.model_runner.model.load_weights(weights=views)
         arrived = time.perf_counter()
@@ -220,7 +218,7 @@ class BroadcastReceiver(EngineWorker):
             torch.cuda.synchronize(device)
         return {"bytes": float(nbytes), "receive_s": arrived - started, "load_s": time.perf_counter() - arrived}
 
-    def _grpo_bucket_targets(self, buckets: list[Bucket]) -> list[list[torch.Tensor]] | None:
+    def _grpo_bucket_targets(self, buckets: list[Bucket]) -> list[Sequence[torch.Tensor]] | None:
         """Per bucket, the engine parameter slices its tensors are copied into (None: vLLM's loader loads).
         Found once and kept while the plan and the engine's parameter storage stay the same."""
         model = self.model_runner.model
@@ -229,14 +227,8 @@ class BroadcastReceiver(EngineWorker):
         if cached is None or cached[0] != key:
             sources = [(spec.name, torch.empty(spec.shape, dtype=getattr(torch, bucket.dtype), device="meta"))
                        for bucket in buckets for spec in bucket.specs]
-            flat_targets = copy_targets(model, sources)
-            per_bucket = None
-            if flat_targets is not None:
-                per_bucket, cursor = [], 0
-                for bucket in buckets:
-                    per_bucket.append(flat_targets[cursor : cursor + len(bucket.specs)])
-                    cursor += len(bucket.specs)
-            self._grpo_targets_for = cached = (key, per_bucket)
+            targets = copy_targets(model, sources)
+            self._grpo_targets_for = cached = (key, None if targets is None else by_bucket(targets, buckets))
         return cached[1]
 
     def grpo_receive_raw(self, nbytes: int) -> None:

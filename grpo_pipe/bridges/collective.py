@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from torch.distributed.distributed_c10d import Store
 
 TRAINER_RANK = 0
+T = TypeVar("T")
 _RANK_COUNTER = "grpo_pipe/next_engine_rank"
 
 # Public as `torch.distributed.TCPStore` (documented), but torch's package does not re-export it to a type checker.
@@ -75,6 +76,15 @@ def plan_buckets(weights: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int)
     if current:
         buckets.append(Bucket(dtype, tuple(current)))  # type: ignore[arg-type]
     return buckets
+
+
+def by_bucket(items: Sequence[T], buckets: Sequence[Bucket]) -> list[Sequence[T]]:
+    """`items`, one per tensor in plan order, cut into one run per bucket."""
+    runs, start = [], 0
+    for bucket in buckets:
+        runs.append(items[start : start + len(bucket.specs)])
+        start += len(bucket.specs)
+    return runs
 
 
 def pack(bucket: Bucket, tensors: Sequence[torch.Tensor]) -> torch.Tensor:

@@ -3,7 +3,7 @@ import time
 import pytest
 import torch
 
-from grpo_pipe.bridges.collective import host_store, open_group, pack, plan_buckets, unpack
+from grpo_pipe.bridges.collective import by_bucket, host_store, open_group, pack, plan_buckets, unpack
 from tests.bridge_equality import train_sync_and_compare
 
 
@@ -18,6 +18,7 @@ def test_buckets_pack_and_unpack_exactly() -> None:
     weights = [("a", torch.randn(3, 4)), ("b", torch.randn(700)), ("c", torch.randn(2, 2))]
     buckets = plan_buckets(weights, bucket_bytes=1024)
     assert [len(b.specs) for b in buckets] == [1, 1, 1]  # b alone exceeds a bucket; c cannot join it
+    assert by_bucket(["a", "b", "c"], buckets) == [["a"], ["b"], ["c"]]  # one run of items per bucket, in plan order
     merged = plan_buckets(weights, bucket_bytes=10_000)
     assert len(merged) == 1
     restored = unpack(pack(merged[0], [t for _, t in weights]), merged[0])
