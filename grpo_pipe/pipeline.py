@@ -60,11 +60,12 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
     config_yaml = OmegaConf.to_yaml(OmegaConf.create(_plain(cfg)))
     recipe = GRPORecipe(parts, config_yaml, job.output_dir, job.overrides)
     status = "FAILED"
+    stop = StopRequest(grace_s=parts.run.shutdown_grace_s)
     try:
         if resume_from is None:
             tracker.log_params(_flatten(_plain(cfg)))
             _log_hydra_files(tracker, job.output_dir)
-        with StopRequest(grace_s=parts.run.shutdown_grace_s) as stop:
+        with stop:
             result = _setup_and_train(recipe, resume_from, stop)
         status = "KILLED" if result.stopped_by else "FINISHED"
         log.info(tracker.describe())
@@ -73,8 +74,20 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
         status = "KILLED"
         raise
     finally:
+        _finish(tracker, recipe, status, stop)
+
+
+def _finish(tracker: Tracker, recipe: GRPORecipe, status: str, stop: StopRequest) -> None:
+    """Record the run's outcome, then release the engine and the trainer.
+
+    In this order because a stop's grace deadline may end the process during the engine's shutdown (a loaded
+    machine, an engine that hangs): the outcome must be recorded by then. During a stop the tracker may wait for
+    an absent server for half the grace left, so that the engine still gets the other half."""
+    remaining = stop.remaining_s()
+    try:
+        tracker.close(status, within_s=None if remaining is None else remaining / 2)
+    finally:
         recipe.cleanup()
-        tracker.close(status)
 
 
 def _setup_and_train(recipe: GRPORecipe, resume_from: Checkpoint | None, stop: StopRequest) -> RunResult:

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType, TracebackType
@@ -36,6 +37,7 @@ class StopRequest:
         self._previous: dict[int, object] = {}
         self._interruptible = 0
         self._deadline: threading.Timer | None = None
+        self._ends_at: float | None = None  # monotonic time at which the grace deadline ends the process
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():  # signals can only be caught there
@@ -50,6 +52,12 @@ class StopRequest:
             signal.signal(signum, handler)  # type: ignore[arg-type]
         self._previous = {}
         # The deadline stays armed after a signal: closing the engine and the tracker is part of the stop.
+
+    def remaining_s(self) -> float | None:
+        """Seconds left before the grace deadline ends the process; None while no stop with a deadline is under way."""
+        if self._ends_at is None:
+            return None
+        return max(self._ends_at - time.monotonic(), 0.0)
 
     @contextmanager
     def interruptible(self) -> Iterator[None]:
@@ -70,6 +78,7 @@ class StopRequest:
             os._exit(128 + signum)
         self.reason = name
         if self.grace_s is not None:
+            self._ends_at = time.monotonic() + self.grace_s
             self._deadline = threading.Timer(self.grace_s, self._exit_late, args=(signum,))
             self._deadline.daemon = True
             self._deadline.start()

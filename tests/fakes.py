@@ -241,7 +241,7 @@ class ListTracker:
     def describe(self) -> str:
         return "in memory"
 
-    def close(self, status: str = "FINISHED") -> None: ...
+    def close(self, status: str = "FINISHED", within_s: float | None = None) -> None: ...
 
 
 class StaticTasks:

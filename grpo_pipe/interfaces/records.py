@@ -82,7 +82,10 @@ class Tracker(Protocol):
         """A line telling a person where the run is and how to look at it."""
         ...
 
-    def close(self, status: str = "FINISHED") -> None: ...
+    def close(self, status: str = "FINISHED", within_s: float | None = None) -> None:
+        """End the run with `status`. `within_s` (a stop with a deadline) bounds the wait for an absent server;
+        what is still undelivered then must not be lost."""
+        ...
 
 
 @runtime_checkable

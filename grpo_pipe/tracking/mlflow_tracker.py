@@ -251,16 +251,18 @@ class MlflowTracker:
     def describe(self) -> str:
         return describe_store(self.tracking_uri, self.experiment, self._experiment_id(), self.run_id)
 
-    def close(self, status: str = "FINISHED") -> None:
-        """End the run: deliver what is pending (waiting at most `flush_timeout_s` for an absent server); what
-        still could not be delivered goes to `mlflow_pending.jsonl`, with the command that uploads it."""
+    def close(self, status: str = "FINISHED", within_s: float | None = None) -> None:
+        """End the run: deliver what is pending (waiting at most `flush_timeout_s`, or `within_s` if shorter, for an
+        absent server); what still could not be delivered goes to `mlflow_pending.jsonl`, with the command that
+        uploads it."""
         if self._monitor is not None:
             self._monitor.finish()  # before the run ends: it logs its last samples to the run
             self._monitor = None
         if self._outbox is None or self.run_id is None:
             return
         self._outbox.put(records.end_record(status, self.parent_run_id))
-        undelivered = self._outbox.close(self.flush_timeout_s)
+        wait_s = self.flush_timeout_s if within_s is None else min(self.flush_timeout_s, within_s)
+        undelivered = self._outbox.close(wait_s)
         self._outbox = None
         if not undelivered:
             return
@@ -271,7 +273,7 @@ class MlflowTracker:
         write_pending(undelivered, self.pending_file, self._header())
         log.warning(
             "The tracking server %s did not come back within %.0f s: %d record(s) of run %s are kept in %s. "
-            "Upload them when it answers: %s %s", self.tracking_uri, self.flush_timeout_s, len(undelivered),
+            "Upload them when it answers: %s %s", self.tracking_uri, wait_s, len(undelivered),
             self.run_id, self.pending_file, UPLOAD_COMMAND, self.pending_file,
         )
 

@@ -41,5 +41,5 @@ class NullTracker:
     def describe(self) -> str:
         return "Tracking is off (logger=none)."
 
-    def close(self, status: str = "FINISHED") -> None:
+    def close(self, status: str = "FINISHED", within_s: float | None = None) -> None:
         pass

@@ -239,3 +239,29 @@ def test_a_server_that_does_not_answer_at_the_start_is_one_error_before_anything
     checkpoints = tmp_path / "run" / "checkpoints"
     assert "Before training" not in out and not (checkpoints.exists() and any(checkpoints.iterdir()))
     assert time.monotonic() - started < 120
+
+
+def test_a_stop_bounds_the_wait_for_an_absent_server_and_loses_no_record(server: Server, tmp_path: Path) -> None:
+    """A stop leaves the tracker part of the grace (`close(within_s=...)`), shorter than `flush_timeout_s`: the run's
+    records, its KILLED status included, go to the job's folder within it, and the upload command delivers them."""
+    from grpo_pipe.tracking.mlflow_tracker import MlflowTracker
+
+    tracker = MlflowTracker(server.uri, system_metrics=False, retry_max_s=1, flush_timeout_s=600)
+    tracker.start("stopped", tags={}, output_dir=tmp_path)
+    tracker.log_metrics({"train/loss": 0.5}, step=1)
+    server.stop()
+    tracker.log_metrics({"train/loss": 0.25}, step=2)
+    asked = time.monotonic()
+    tracker.close("KILLED", within_s=3.0)
+    assert time.monotonic() - asked < 120.0  # the stop's bound (3 s, then the last try ends), far below 600 s
+    pending = tmp_path / "mlflow_pending.jsonl"
+    assert pending.is_file()
+
+    server.start()
+    done = subprocess.run([sys.executable, "-m", "grpo_pipe.tracking.upload", str(pending)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    client = MlflowClient(tracking_uri=server.uri)
+    run = client.get_run(str(tracker.run_id))
+    assert run.info.status == "KILLED"
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "train/loss")] == [0.5, 0.25]
