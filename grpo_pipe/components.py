@@ -17,6 +17,7 @@ from grpo_pipe.interfaces import (
     CheckpointStore,
     ChecksItsConfig,
     Curriculum,
+    EpisodeRunner,
     GeneratesInBackground,
     ModelSource,
     Placement,
@@ -36,8 +37,8 @@ log = logging.getLogger(__name__)
 
 # Built in this order; `policy` is built inside `trainer` (trainer.policy: ${policy}).
 COMPONENT_GROUPS = (
-    "run", "model", "data", "reward", "curriculum", "trainer", "rollout", "rollout_scheduler", "weight_bridge",
-    "placement", "logger", "checkpoint",
+    "run", "model", "data", "reward", "curriculum", "trainer", "rollout", "rollout_scheduler", "environment",
+    "weight_bridge", "placement", "logger", "checkpoint",
 )
 VALIDATED_GROUPS = COMPONENT_GROUPS + ("policy", "loss", "optimizer")  # the last three are built inside `trainer`
 PLAIN_KEYS = ("resume", "resume_accept")  # top-level settings that are not components
@@ -55,6 +56,7 @@ class Components:
     trainer: Trainer
     rollout: RolloutEngine  # as the placement placed it: the engine itself, or a handle to replicas
     rollout_scheduler: RolloutSourceFactory  # completed by the recipe (engine, tasks, prompts)
+    environment: EpisodeRunner  # one turn per rollout, or tool-using episodes
     weight_bridge: WeightBridge
     placement: Placement
     logger: Tracker
@@ -80,6 +82,7 @@ def build(cfg: DictConfig) -> Components:
     configured = parts.rollout
     parts.rollout = parts.placement.place(configured)
     problems += generate_in_background_if_ahead(configured, parts.rollout is configured, parts)
+    run_episodes_in_background_if_ahead(parts)
     problems += parts.weight_bridge.check(parts.rollout, parts.trainer.policy)
     problems += parts.placement.check(parts.trainer, parts.weight_bridge)  # GPUs, cluster, trainer kind
     if problems:
@@ -127,6 +130,17 @@ def generate_in_background_if_ahead(engine: RolloutEngine, kept_here: bool, part
         problems.append(f"rollout.background=true with placement.sleep_level={sleep_level}: the engine cannot generate "
                         "while it sleeps for the trainer; allowed: placement.sleep_level=0")
     return problems
+
+
+def run_episodes_in_background_if_ahead(parts: Components) -> None:
+    """`environment.background=null`: a batch's episodes run on a thread of their own exactly when the engine takes
+    calls while the trainer trains: an engine that generates in the background, or one the placement runs elsewhere,
+    with a scheduler that may run ahead. Otherwise episodes run where they are submitted, as one engine call does."""
+    episodes, engine = parts.environment, parts.rollout
+    if not isinstance(episodes, GeneratesInBackground) or episodes.background is not None:
+        return
+    engine_background = engine.background if isinstance(engine, GeneratesInBackground) else None
+    episodes.background = bool(engine_background) if engine_background is not None else parts.max_staleness >= 1
 
 
 def record_timestamps_if_read(engine: RolloutEngine, reward: Reward) -> list[str]:

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.evaluation import EvalPlan, evaluate
-from grpo_pipe.interfaces import CheckpointStore, Reward, RolloutEngine
-from grpo_pipe.types import Task
+from grpo_pipe.evaluation import EvalPlan, evaluate_completions
+from grpo_pipe.interfaces import CheckpointStore, EpisodeRunner, Reward, RolloutEngine
+from grpo_pipe.types import Completion, Task
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,7 @@ class HeldOutEvaluation:
         patience: int,
         checkpoints: CheckpointStore,
         export_best: Callable[[Path], None],
+        episodes: EpisodeRunner | None = None,
     ) -> None:
         self.prompts = list(prompts)
         self.tasks = list(tasks)
@@ -49,6 +50,8 @@ class HeldOutEvaluation:
         self.history: list[tuple[int, float]] = []  # (step, best_metric value)
         self.without_improvement = 0
         self.last = LastEvaluation()
+        self.episodes = episodes  # held-out tasks run as the training rollouts do (tools allowed); None: one engine call
+        self.last_completions: list[Completion] = []  # the latest evaluation's greedy completions, one per task
 
     def due(self, step: int, last_step: int) -> bool:
         """Mid-run evaluations only: the last step is evaluated by the run's end."""
@@ -56,7 +59,8 @@ class HeldOutEvaluation:
 
     def run(self, engine: RolloutEngine, step: int) -> dict[str, float]:
         """Evaluate now and note the result (a new best is exported; step 0 is the baseline)."""
-        metrics = evaluate(engine, self.prompts, self.tasks, self.reward, self.plan)
+        metrics, self.last_completions = evaluate_completions(engine, self.prompts, self.tasks, self.reward, self.plan,
+                                                              self.episodes)
         self.last = LastEvaluation(step, metrics)
         self._note(step, metrics)
         return metrics

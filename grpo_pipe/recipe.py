@@ -21,12 +21,12 @@ from grpo_pipe.checkpointing import Checkpoint
 from grpo_pipe.components import Components
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.data.rows import bad_rows_problem
+from grpo_pipe.episodes.transcripts import write_episode_page
 from grpo_pipe.halt import halt_point
 from grpo_pipe.held_out import HeldOutEvaluation
 from grpo_pipe.interfaces import HasSourceFiles, RolloutSource, TriesOnTasks
 from grpo_pipe.models.custom_code import loader_options
 from grpo_pipe.progress import StepProgress, format_metrics
-from grpo_pipe.prompts import render_prompt
 from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
 from grpo_pipe.step_recorder import MismatchWatch, StepRecorder
 from grpo_pipe.stopping import GenerationInterrupted, StopRequest
@@ -80,22 +80,21 @@ class GRPORecipe:
         p.reward.setup(self.model_path, self.engine.weight_dtype)
         p.trainer.setup(self.model_path, p.placement.trainer_device(), pad_id=tokenizer.pad_token_id or 0)
         p.weight_bridge.connect(self.engine, p.trainer.policy)
-
-        def render(task: Task) -> tuple[int, ...]:
-            return tuple(render_prompt(tokenizer, p.data.system_prompt, task))
-
+        p.environment.setup(tokenizer, p.data.system_prompt, self.engine.max_model_len)
+        render = p.environment.render_prompt  # the task in the chat template, with the tools where there are any
         seed = settings.seed if settings.seeded_sampling else None
         self.sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens, seed,
                                          dict(settings.sampling_extra))
         self.scheduler: RolloutSource = p.rollout_scheduler(
             self.engine, p.curriculum.next_batch, render, self.sampling, total_steps=p.trainer.steps,
-            prompt_limit=self.engine.max_model_len - settings.max_new_tokens, overlong_prompts=settings.overlong_prompts,
+            prompt_limit=self.engine.max_model_len - p.environment.completion_budget(settings.max_new_tokens),
+            overlong_prompts=settings.overlong_prompts, episodes=p.environment,
         )
         eval_tasks = eval_tasks[: settings.eval_size]
         self.held_out = HeldOutEvaluation(
             prompts=[render(t) for t in eval_tasks], tasks=eval_tasks, reward=p.reward, plan=settings.eval_plan(),
             eval_every=settings.eval_every, patience=settings.early_stop_patience, checkpoints=p.checkpoint,
-            export_best=self._export_policy,
+            export_best=self._export_policy, episodes=p.environment,
         )
 
     def train(self, first_step: int, stop: StopRequest) -> RunResult:
@@ -159,7 +158,11 @@ class GRPORecipe:
     def evaluate(self, step: int) -> dict[str, float]:
         """Held-out greedy evaluation; notes the best so far (and exports it)."""
         self.parts.placement.before_rollout(self.engine)
-        return self.held_out.run(self.engine, step)
+        metrics = self.held_out.run(self.engine, step)
+        page = write_episode_page(self.held_out.last_completions, self.held_out.tasks, step, self.output_dir / "episodes")
+        if page is not None:  # episodes: a few of them as a person reads them
+            self.parts.logger.log_artifact(page, "episodes")
+        return metrics
 
     def save(self, step: int) -> None:
         """Write the whole training state for `step` (atomically, through the checkpoint store)."""
@@ -197,6 +200,7 @@ class GRPORecipe:
 
     def cleanup(self) -> None:
         """Release the bridge, the engine(s) and what the placement started (always, in `finally`)."""
+        self.parts.environment.close()  # episodes still running stop before their next turn
         self.parts.weight_bridge.close()
         self.engine.shutdown()
         self.parts.trainer.close()  # a sharded trainer's rank actors; nothing for a single device

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from grpo_pipe import step_metrics
+from grpo_pipe.episodes.metrics import episode_metrics
 from grpo_pipe.interfaces import RolloutSource
 from grpo_pipe.types import RewardOutput, RolloutGroup, SyncStats, TakenBatch
 
@@ -85,6 +86,7 @@ class StepRecorder:
         self.samples_updated_in_flight += sum(bool(c.version_switches) for c in completions)
         gen_s = taken.generated.finished_s - taken.generated.started_s
         self.add(step_metrics.rollout_metrics(taken.groups, gen_s))
+        self.add(episode_metrics([g.completions for g in taken.groups]))  # nothing for single-turn rollouts
         # Only a loop that runs ahead has staleness, queues and drops: in a synchronous one they are charts of zeros.
         if scheduler.max_staleness > 0 or scheduler.stale_policy == "drop":
             self.add(step_metrics.async_metrics(taken, dropped, scheduler))

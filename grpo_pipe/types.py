@@ -50,12 +50,53 @@ class Completion:
     finish_reason: str  # "stop" | "length" | "abort"
     policy_version: int  # version of the weights that generated its first token
     telemetry: RequestTelemetry
-    # ((token index, version), ...): where newer weights took over mid-sample (in-flight weight updates)
+    # ((token index, version), ...): where newer weights took over mid-sample (in-flight weight updates, or a
+    # sync that landed between two turns of an episode)
     version_switches: tuple[tuple[int, int], ...] = ()
+    # [T] True where the engine sampled the token, False where the environment put it (tool results and the chat
+    # template's glue between turns): those get no loss, no advantage, no place in any normaliser. None: one turn,
+    # every token sampled.
+    sampled_by_model: tuple[bool, ...] | None = None
+    episode: EpisodeLog | None = None  # what happened in a multi-turn episode (None: one turn)
+
+    @property
+    def loss_mask(self) -> tuple[bool, ...]:
+        """[T] which tokens the trainer may train on."""
+        return self.sampled_by_model if self.sampled_by_model is not None else (True,) * len(self.token_ids)
 
     @property
     def newest_version(self) -> int:
         return self.version_switches[-1][1] if self.version_switches else self.policy_version
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One turn of an episode as a person reads it: what the model wrote, or what a tool answered."""
+
+    role: str  # "assistant" | "tool"
+    text: str
+    tool: str | None = None  # the tool called (assistant) or answering (tool)
+    outcome: str = "ok"  # a tool turn: ok | error | timeout | truncated
+
+
+@dataclass(frozen=True)
+class EpisodeLog:
+    """What one multi-turn episode did: its turns, the tools' work and how it ended."""
+
+    turns: tuple[Turn, ...]
+    model_turns: int
+    tool_calls: int = 0
+    tool_errors: int = 0  # a malformed call, an unknown tool, a tool that raised or returned a non-string
+    tool_timeouts: int = 0
+    tool_s: float = 0.0  # wall time the episode's tool calls took (the batch waits for the slowest of a turn)
+    environment_tokens: int = 0  # tokens of the completion the environment put there (masked from the loss)
+    ended_by: str = "answer"  # answer | done (the environment said so) | max_turns | token_budget | length
+    environment_reward: float | None = None  # what an environment that owns the reward gave the episode
+    answer: str = ""  # the final model turn's text when it called no tool: what a checker grades
+
+    @property
+    def hit_limit(self) -> bool:
+        return self.ended_by in ("max_turns", "token_budget", "length")
 
 
 @dataclass(frozen=True)
@@ -130,6 +171,11 @@ class SamplingSettings:
     seed: int | None = None  # set: prompt i of this call is sampled with its own seed derived from it
     # Other vLLM sampling parameters (`run.sampling_extra`), only ones that leave the distribution as it is.
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # [prompts] a budget per prompt (an episode's next turn gets what its token budget has left); None: max_tokens
+    max_tokens_each: tuple[int, ...] | None = None
+
+    def max_tokens_of(self, index: int) -> int:
+        return self.max_tokens if self.max_tokens_each is None else self.max_tokens_each[index]
 
     def prompt_seed(self, index: int) -> int | None:
         """A seed per prompt (vLLM gives the n samples of a prompt seed, seed + 1, ...)."""

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from grpo_pipe.components import Components
+from grpo_pipe.episodes.single_turn import SingleTurn
 from grpo_pipe.rollout.scheduler import RolloutScheduler, StalePolicy
 from grpo_pipe.run_state import RunSettings
 from grpo_pipe.types import (
@@ -289,6 +290,7 @@ def fake_components(
         trainer=CountingTrainer(steps),
         rollout=FakeEngine(),
         rollout_scheduler=functools.partial(RolloutScheduler, max_staleness=max_staleness, stale_policy=stale_policy),
+        environment=SingleTurn(),
         weight_bridge=RecordingBridge(sync_every),
         placement=SamePlacement(),
         logger=ListTracker(),

@@ -68,6 +68,10 @@ def cross_field_problems(cfg: DictConfig) -> list[str]:
             )
         if isinstance(budget, int) and budget < 1:
             problems.append(f"{key}={budget}: must be >= 1")
+    episode = OmegaConf.select(cfg, "environment.max_episode_tokens")
+    if isinstance(context, int) and isinstance(episode, int) and episode >= context:
+        problems.append(f"environment.max_episode_tokens={episode} leaves no room for a prompt in rollout.max_model_len="
+                        f"{context}: allowed environment.max_episode_tokens <= {context - 1}, or raise rollout.max_model_len")
     positions = OmegaConf.select(cfg, "model.max_position_embeddings")
     if isinstance(context, int) and isinstance(positions, int) and context > positions:
         problems.append(f"rollout.max_model_len={context} > model.max_position_embeddings={positions}: "

@@ -3,7 +3,7 @@
 Each config group option builds one object that satisfies one of these. Construction is cheap and
 safe on any machine; heavy work (loading models, starting engines) happens in `connect`/`setup`.
 
-One module per role: sources, engines, weights (policy and bridge), rewards, training (loss, trainer,
+One module per role: sources, engines, episodes, weights (policy and bridge), rewards, training (loss, trainer,
 placement), records (checkpoints, tracker). Import them from here.
 """
 
@@ -16,6 +16,7 @@ from grpo_pipe.interfaces.engines import (
     RolloutEngine,
     WorkerRpcEngine,
 )
+from grpo_pipe.interfaces.episodes import EpisodeRunner
 from grpo_pipe.interfaces.records import CheckpointStore, ChecksItsConfig, Tracker
 from grpo_pipe.interfaces.rewards import (
     HasSourceFiles,
@@ -35,6 +36,7 @@ __all__ = [
     "CheckpointStore",
     "ChecksItsConfig",
     "Curriculum",
+    "EpisodeRunner",
     "GeneratesInBackground",
     "HasSourceFiles",
     "InProcessModelEngine",

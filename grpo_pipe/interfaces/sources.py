@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from grpo_pipe.interfaces.engines import RolloutEngine
+from grpo_pipe.interfaces.episodes import EpisodeRunner
 from grpo_pipe.types import (
     Ledger,
     SamplingSettings,
@@ -109,5 +110,5 @@ class RolloutSourceFactory(Protocol):
     def __call__(
         self, engine: RolloutEngine, next_batch: Callable[[], list[tuple[Task, int]]],
         render: Callable[[Task], tuple[int, ...]], sampling: SamplingSettings, *, total_steps: int,
-        prompt_limit: int | None, overlong_prompts: str,
+        prompt_limit: int | None, overlong_prompts: str, episodes: EpisodeRunner,
     ) -> RolloutSource: ...

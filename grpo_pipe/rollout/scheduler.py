@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.interfaces import PendingRollout, RolloutEngine
+from grpo_pipe.episodes.single_turn import SingleTurn
+from grpo_pipe.interfaces import EpisodeRunner, PendingRollout, RolloutEngine
 from grpo_pipe.stopping import GenerationInterrupted
 from grpo_pipe.types import Ledger, RolloutGroup, SamplingSettings, TakenBatch, Task, derive_seed
 
@@ -65,6 +66,7 @@ class RolloutScheduler:
         stale_policy: StalePolicy,
         prompt_limit: int | None = None,
         overlong_prompts: Literal["skip", "truncate"] = "skip",
+        episodes: EpisodeRunner | None = None,
     ) -> None:
         if stale_policy not in ("pace", "drop"):
             raise ConfigError([f"rollout_scheduler.stale_policy={stale_policy!r}; allowed: 'pace', 'drop'"])
@@ -77,6 +79,7 @@ class RolloutScheduler:
         self.stale_policy = stale_policy
         self.prompt_limit = prompt_limit  # prompt tokens that leave room for the answer in the engine
         self.overlong_prompts = overlong_prompts
+        self.episodes: EpisodeRunner = episodes or SingleTurn()  # one engine call per batch, or tool-using episodes
         self.ledger = Ledger()
         self.generation_intervals: list[tuple[float, float]] = []  # engine busy spans, wall clock
         self._queue: deque[_InFlight] = deque()
@@ -158,7 +161,7 @@ class RolloutScheduler:
         log.info("Generating batch %d: %d prompts, %d samples, up to %d new tokens each",
                  index, len(prompts), sum(samples), self.sampling.max_tokens)
         with self.guard():
-            pending = self.engine.submit(prompts, samples, self._sampling_for(index))
+            pending = self.episodes.submit(self.engine, tasks, prompts, samples, self._sampling_for(index))
         self._queue.append(_InFlight(index, tasks, samples, prompts, pending))
         self.ledger.submitted += len(tasks)
         self.ledger.in_flight += len(tasks)

@@ -198,7 +198,7 @@ class VllmEngine:
                 n=n,
                 temperature=sampling.temperature,
                 top_p=sampling.top_p,
-                max_tokens=sampling.max_tokens,
+                max_tokens=sampling.max_tokens_of(i),
                 logprobs=0,  # only the sampled token's log-prob
                 seed=sampling.prompt_seed(i),
                 # Token ids and log-probs only: vLLM's per-token detokenizing of the text and of every

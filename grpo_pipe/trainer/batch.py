@@ -21,6 +21,13 @@ class TrainSample:
     advantage: float
     policy_version: int
     truncated: bool = False  # hit the generation budget without EOS (finish_reason "length")
+    # [T] True on tokens the engine sampled; False on an episode's environment tokens (no loss); None: all sampled
+    loss_mask: tuple[bool, ...] | None = None
+
+    @property
+    def trained_tokens(self) -> int:
+        """Tokens that get a loss: the whole completion, or an episode's model turns."""
+        return len(self.completion_ids) if self.loss_mask is None else sum(self.loss_mask)
 
 
 def flatten(groups: Sequence[RolloutGroup], advantages: Sequence[float]) -> list[TrainSample]:
@@ -37,6 +44,7 @@ def flatten(groups: Sequence[RolloutGroup], advantages: Sequence[float]) -> list
                     advantage=float(advantages[index]),
                     policy_version=completion.policy_version,
                     truncated=completion.finish_reason == "length",
+                    loss_mask=completion.sampled_by_model,
                 )
             )
             index += 1
@@ -51,7 +59,7 @@ class MicroBatch:
     input_ids: torch.Tensor  # [B, P + T] pad.., prompt, completion, ..pad
     attention_mask: torch.Tensor  # [B, P + T]
     position_ids: torch.Tensor  # [B, P + T] each row counts from 0 at its first prompt token, as the engine did
-    completion_mask: torch.Tensor  # [B, T] 1 on completion tokens
+    completion_mask: torch.Tensor  # [B, T] 1 on completion tokens the model sampled (0 on padding, environment tokens)
     sampling_logprobs: torch.Tensor  # [B, T]
     advantages: torch.Tensor  # [B]
 
@@ -93,7 +101,10 @@ def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device, w
         last = prompt_width + len(sample.completion_ids)
         input_ids[row, first:last] = torch.tensor(sample.prompt_ids + sample.completion_ids, dtype=torch.long)
         attention[row, first:last] = 1
-        completion_mask[row, : len(sample.completion_ids)] = 1.0
+        if sample.loss_mask is None:
+            completion_mask[row, : len(sample.completion_ids)] = 1.0
+        else:  # an episode: the environment's tokens are context, never trained on
+            completion_mask[row, : len(sample.completion_ids)] = torch.tensor(sample.loss_mask, dtype=torch.float32)
         logprobs[row, : len(sample.completion_ids)] = torch.tensor(sample.sampling_logprobs, dtype=torch.float32)
     positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # [B, P + T]
     return MicroBatch(

@@ -233,7 +233,7 @@ class GRPOTrainer:
         # still counts in the normaliser. The KL term is not zero for it, so then everything runs.
         skip = self.skip_zero_advantage and not self.loss.needs_reference
         active = [s for s in counted if s.advantage != 0.0 or not skip]
-        normaliser = self.loss.normaliser([len(s.completion_ids) for s in counted])
+        normaliser = self.loss.normaliser([s.trained_tokens for s in counted])  # environment tokens: none
         # Similar lengths share a micro-batch, so padding stays small.
         ordered = sorted(active, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
         return BatchPlan(ordered, normaliser, len(samples), len(samples) - len(counted), advantages,

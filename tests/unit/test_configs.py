@@ -29,6 +29,7 @@ REQUIRED = {
     ("data", "jsonl"): ["data.train_path=tasks.jsonl"],
     ("data", "hf"): ["data.name=some/dataset"],
     ("reward", "python"): ["reward.fn=my_rewards:score"],
+    ("environment", "python"): ["environment.environment_class=tests/fixtures/environments/counter.py:Counter"],
 }
 
 
@@ -39,6 +40,7 @@ GROUP_PROTOCOLS = {
     "weight_bridge": interfaces.WeightBridge, "placement": interfaces.Placement, "logger": interfaces.Tracker,
     "checkpoint": interfaces.CheckpointStore, "policy": interfaces.Policy, "loss": interfaces.PolicyLoss,
     "rollout_scheduler": interfaces.RolloutSourceFactory,  # what it builds: tests/integration/rollout/test_scheduler.py
+    "environment": interfaces.EpisodeRunner,
 }
 
 

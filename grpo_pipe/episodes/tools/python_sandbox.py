@@ -1,0 +1,484 @@
+"""A Python interpreter for a model: runs a snippet in a separate, limited process and returns what it printed.
+
+Layers, outermost first (each one still holds where an inner one is bypassed):
+- a child `python -I` in a fresh temporary directory (deleted afterwards), minimal environment, own session;
+  the parent enforces the wall clock (SIGKILL to the whole process group) and reads at most `output_bytes` + 1 bytes;
+- where the kernel allows it, new user, network and pid namespaces: no network at all, and no signal reaches a
+  process outside (`pidfd_send_signal` has no audit event); when the snippet's process ends, the kernel ends
+  every process it started;
+- rlimits set in the child: CPU seconds, address space, file size, no core files;
+- an audit hook (`sys.addaudithook`) installed last: no sockets, processes, ctypes, tracing or sub-interpreters;
+  writes only inside the directory, reads only there and in the Python installation (stdlib and site-packages).
+
+An audit hook is not a security boundary on its own (C extensions do unaudited I/O, `os.mkfifo` has no event);
+the hook binds everything it uses as default arguments and reads no global or builtin name, so a snippet that
+rebinds `os`, `builtins` or a module attribute cannot change what it checks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from grpo_pipe.episodes.tools.errors import ToolError
+
+logger = logging.getLogger(__name__)
+
+MAX_CODE_CHARS = 20_000
+FILE_BYTES = 8 * 1024 * 1024  # RLIMIT_FSIZE: the largest file a snippet may write
+_READ_CHUNK = 64 * 1024
+_SNIPPET_FILE = "snippet.py"  # read and deleted by the bootstrap before the snippet runs
+_KILLED_BY_CPU_LIMIT = (-signal.SIGXCPU, -signal.SIGKILL)  # soft == hard limit: the kernel sends SIGKILL
+
+# Runs in the child as `python -I -c _BOOTSTRAP CONFIG_JSON`. Order matters: namespaces (needs ctypes), then
+# rlimits, then the audit hook, then the snippet.
+_BOOTSTRAP = r'''
+import builtins, itertools, json, linecache, os, posix, resource, signal, stat, sys, sysconfig, traceback, types
+
+CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWPID = 0x10000000, 0x40000000, 0x20000000
+AF_UNIX = 1
+DENIED_MODULES = frozenset({
+    "_posixsubprocess", "_ctypes", "_ctypes_test", "_xxsubinterpreters", "_xxinterpchannels", "_testcapi",
+    "_testinternalcapi", "_testmultiphase", "_testbuffer", "_testimportmultiple", "_testsinglephase", "_xxtestfuzz",
+    "_posixshmem", "_dbm", "_gdbm", "_ssl", "_curses", "_curses_panel", "_tkinter", "readline", "pwd", "grp", "spwd",
+    "nis",
+})
+DENIED = (  # (reason, events)
+    ("starting processes", frozenset({"os.system", "os.exec", "os.posix_spawn", "os.spawn", "subprocess.Popen"})),
+    ("signalling processes", frozenset({"os.kill", "os.killpg"})),
+    ("symbolic links", frozenset({"os.symlink"})),
+    ("changing resource limits", frozenset({"resource.setrlimit", "resource.prlimit"})),
+    ("tracing and introspection", frozenset({"sys.settrace", "sys.setprofile", "sys._current_frames",
+                                             "gc.get_objects", "gc.get_referrers", "gc.get_referents"})),
+    ("sub-interpreters", frozenset({"cpython.PyInterpreterState_New"})),
+)
+DENIED_PREFIXES = (("network access", "socket."), ("ctypes", "ctypes."), ("syslog", "syslog."), ("sqlite", "sqlite3."))
+PATH_EVENTS = (  # (event, ((argument index, "read" | "write" | "chdir"), ...))
+    ("os.listdir", ((0, "read"),)), ("os.scandir", ((0, "read"),)), ("os.fwalk", ((0, "read"),)),
+    ("glob.glob", ((0, "read"),)), ("glob.glob/2", ((0, "read"), (2, "read"))),
+    ("os.getxattr", ((0, "read"),)), ("os.listxattr", ((0, "read"),)), ("os.chdir", ((0, "chdir"),)),
+    ("os.chmod", ((0, "write"),)), ("os.chown", ((0, "write"),)), ("os.chflags", ((0, "write"),)),
+    ("os.lchflags", ((0, "write"),)), ("os.mkdir", ((0, "write"),)), ("os.remove", ((0, "write"),)),
+    ("os.rmdir", ((0, "write"),)), ("os.truncate", ((0, "write"),)), ("os.utime", ((0, "write"),)),
+    ("os.setxattr", ((0, "write"),)), ("os.removexattr", ((0, "write"),)),
+    ("os.rename", ((0, "write"), (1, "write"))), ("os.link", ((0, "write"), (1, "write"))),
+    ("shutil.copyfile", ((0, "read"), (1, "write"))), ("shutil.copymode", ((0, "read"), (1, "write"))),
+    ("shutil.copystat", ((0, "read"), (1, "write"))), ("shutil.copytree", ((0, "read"), (1, "write"))),
+    ("shutil.move", ((0, "write"), (1, "write"))), ("shutil.rmtree", ((0, "write"),)), ("shutil.chown", ((0, "write"),)),
+    ("shutil.make_archive", ((0, "write"), (2, "read"))), ("shutil.unpack_archive", ((0, "read"), (1, "write"))),
+    ("tempfile.mkstemp", ((0, "write"),)), ("tempfile.mkdtemp", ((0, "write"),)),
+)
+WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+DEVICES = frozenset({"/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"})
+
+
+def enter_namespaces():
+    """New user, network and pid namespaces, where the kernel allows it; ctypes is gone from sys.modules after."""
+    try:
+        import ctypes
+        entered = ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID) == 0
+    except (ImportError, OSError, AttributeError):
+        entered = False
+    for name in [n for n in sys.modules if n in ("ctypes", "_ctypes") or n.startswith("ctypes.")]:
+        del sys.modules[name]
+    return entered
+
+
+def become_namespace_init(alarm_s):
+    """Fork the pid namespace's first process, which returns and runs the snippet; this one waits, then exits alike."""
+    child = os.fork()
+    if child == 0:
+        return
+    # If the parent dies without killing us, nothing else bounds a snippet that sleeps.
+    signal.signal(signal.SIGALRM, lambda *_: os.kill(child, signal.SIGKILL))
+    signal.alarm(alarm_s)
+    status = os.waitpid(child, 0)[1]
+    if os.WIFSIGNALED(status):
+        if os.WTERMSIG(status) != signal.SIGKILL:
+            signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+        os.kill(os.getpid(), os.WTERMSIG(status))
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def set_limits(config):
+    """soft == hard, so the snippet cannot raise them (and the CPU limit is a SIGKILL it cannot catch)."""
+    for limit, value in ((resource.RLIMIT_CPU, config["cpu_s"]), (resource.RLIMIT_AS, config["memory_bytes"]),
+                         (resource.RLIMIT_FSIZE, config["file_bytes"]), (resource.RLIMIT_CORE, 0)):
+        hard = resource.getrlimit(limit)[1]
+        value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+        resource.setrlimit(limit, (value, value))
+
+
+def read_roots():
+    """The Python installation's stdlib and site-packages, symlinks resolved: what imports need to read."""
+    paths = sysconfig.get_paths()
+    prefixes = (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)
+    found = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib")]
+    found += [p for p in sys.path if os.path.isabs(p) and os.path.isdir(p) and p.startswith(prefixes)]
+    return tuple(sorted({os.path.realpath(p) for p in found}))
+
+
+def make_hook(workdir, roots, fork_budget):
+    """The audit hook. Every name it uses is a parameter default bound now, before any snippet code runs."""
+
+    def to_text(obj, _type=type, _str=str, _bytes=bytes, _int=int, _issubclass=issubclass,
+                _enc=sys.getfilesystemencoding(), _Denied=PermissionError):
+        # The C call converted `obj` before the event; only str and bytes convert the same way twice.
+        kind = _type(obj)
+        if kind is _int:
+            return None  # a file descriptor, checked when it was opened
+        if _issubclass(kind, _str):
+            return _str.__str__(obj)
+        if _issubclass(kind, _bytes):
+            return _bytes.decode(obj, _enc, "surrogateescape")
+        raise _Denied("sandbox: give paths to os functions as str (e.g. str(path))")
+
+    def resolve(path, _getcwd=posix.getcwd, _lstat=posix.lstat, _readlink=posix.readlink, _islink=stat.S_ISLNK,
+                _item=tuple.__getitem__, _OSError=OSError, _Denied=PermissionError):
+        # os.path.realpath, from C functions: the Python one reads module globals a snippet can rebind.
+        if not path.startswith("/"):
+            path = _getcwd() + "/" + path
+        pending, resolved, hops = path.split("/")[::-1], "", 0
+        while pending:
+            part = pending.pop()
+            if part == "" or part == ".":
+                continue
+            if part == "..":
+                resolved = resolved.rpartition("/")[0]
+                continue
+            candidate = resolved + "/" + part
+            try:
+                is_link = _islink(_item(_lstat(candidate), 0))
+            except _OSError:
+                is_link = False
+            if not is_link:
+                resolved = candidate
+                continue
+            hops += 1
+            if hops > 40:
+                raise _Denied(f"sandbox: too many symbolic links in {path!r}")
+            target = _readlink(candidate)
+            resolved = "" if target.startswith("/") else resolved
+            pending.extend(target.split("/")[::-1])
+        return resolved or "/"
+
+    def inside(path, roots):
+        for root in roots:
+            if path == root or path.startswith(root + "/"):
+                return True
+        return False
+
+    def check_path(event, obj, mode, _workdir=(workdir,), _readable=(workdir, *roots), _devices=DEVICES,
+                   _to_text=to_text, _resolve=resolve, _inside=inside, _Denied=PermissionError):
+        path = _to_text(obj)
+        if path is None:
+            return None
+        # A relative path may be resolved against a dir_fd the event does not show: without '..' it stays below it.
+        if not path.startswith("/") and ".." in path.split("/"):
+            raise _Denied(f"sandbox: relative paths with '..' are not allowed ({event} {path!r}); use an absolute path")
+        real = _resolve(path)
+        if mode == "read" and not (_inside(real, _readable) or real in _devices):
+            raise _Denied(f"sandbox: reading {path!r} is not allowed: only the working directory and Python's files")
+        if mode == "write" and not (_inside(real, _workdir) or real == "/dev/null"):
+            raise _Denied(f"sandbox: writing {path!r} is not allowed: only inside the working directory")
+        if mode == "chdir" and not _inside(real, _workdir):
+            raise _Denied(f"sandbox: changing directory to {path!r} is not allowed: only inside the working directory")
+        return real
+
+    def check_open(path_arg, flags, _workdir=(workdir,), _devices=DEVICES, _write=WRITE_FLAGS, _check=check_path,
+                   _inside=inside, _stat=posix.stat, _item=tuple.__getitem__, _isdir=stat.S_ISDIR,
+                   _isreg=stat.S_ISREG, _isfifo=stat.S_ISFIFO, _type=type, _int=int, _OSError=OSError,
+                   _Denied=PermissionError):
+        writing = _type(flags) is not _int or flags & _write
+        real = _check("open", path_arg, "write" if writing else "read")
+        if real is None:
+            return
+        try:
+            mode = _item(_stat(real), 0)
+        except _OSError:
+            return  # a file about to be created, or nothing to open
+        # A directory descriptor outside would let a later relative open (dir_fd=...) escape the path checks.
+        if _isdir(mode) and not _inside(real, _workdir):
+            raise _Denied(f"sandbox: opening the directory {real!r} is not allowed")
+        if not (_isreg(mode) or _isdir(mode) or _isfifo(mode)) and real not in _devices:
+            raise _Denied(f"sandbox: opening the special file {real!r} is not allowed")
+
+    def check_import(args, _str=str, _modules=DENIED_MODULES, _readable=roots, _to_text=to_text, _resolve=resolve,
+                     _inside=inside, _Denied=ModuleNotFoundError):
+        name = _str.__str__(args[0])
+        if name.rpartition(".")[2] in _modules:
+            raise _Denied(f"sandbox: the module {name!r} is not available")
+        if args[1] is not None and not _inside(_resolve(_to_text(args[1])), _readable):
+            raise _Denied(f"sandbox: loading the extension module {name!r} from outside Python's files is not allowed")
+
+    # The helpers are reachable from the hook's frame (a traceback shows it): their defaults must stay put.
+    guarded = (to_text, resolve, inside, check_path, check_open, check_import)
+
+    def hook(event, args, _check_open=check_open, _check_path=check_path, _check_import=check_import,
+             _guarded=guarded, _paths=PATH_EVENTS, _denied=DENIED, _prefixes=DENIED_PREFIXES, _pid=posix.getpid(),
+             _getpid=posix.getpid, _forks=itertools.count(), _budget=fork_budget, _next=next, _af_unix=AF_UNIX,
+             _Denied=PermissionError):
+        if event == "open":
+            _check_open(args[0], args[2])
+        elif event == "import":
+            _check_import(args)
+        elif event == "os.fork" or event == "os.forkpty":
+            # Forked children keep this hook; only the snippet's own process may fork, at most _budget times.
+            if _getpid() != _pid or _next(_forks) >= _budget:
+                raise _Denied(f"sandbox: starting processes ({event}) is not allowed")
+        elif event == "object.__setattr__" or event == "object.__delattr__":
+            for function in _guarded:
+                if args[0] is function:
+                    raise _Denied("sandbox: changing the sandbox's own functions is not allowed")
+        elif event == "socket.__new__" and args[1] == _af_unix:
+            return  # local socket pairs (asyncio's event loop); connect and bind stay refused
+        else:
+            for name, indexed in _paths:
+                if event == name:
+                    for index, mode in indexed:
+                        if args[index] is not None:
+                            _check_path(event, args[index], mode)
+                    return
+            for reason, events in _denied:
+                if event in events:
+                    raise _Denied(f"sandbox: {reason} ({event}) is not allowed")
+            for reason, prefix in _prefixes:
+                if event.startswith(prefix):
+                    raise _Denied(f"sandbox: {reason} ({event}) is not allowed")
+
+    return hook
+
+
+def deny_fork_exec():
+    """_posixsubprocess.fork_exec raises no audit event: subprocess and multiprocessing get one that refuses."""
+    def fork_exec(*_args, _Denied=PermissionError):
+        raise _Denied("sandbox: starting processes (_posixsubprocess.fork_exec) is not allowed")
+    module = sys.modules.get("_posixsubprocess") or types.ModuleType("_posixsubprocess")
+    module.fork_exec = fork_exec
+    sys.modules["_posixsubprocess"] = module
+    for name in DENIED_MODULES - {"_posixsubprocess"}:
+        sys.modules.pop(name, None)
+
+
+def report(error, _type=type, _str=str):
+    """The snippet's traceback without the bootstrap's frames, last lines only, on stderr (merged with stdout)."""
+    try:
+        shown = traceback.TracebackException.from_exception(error)
+        pending = [shown]
+        while pending:
+            current = pending.pop()
+            current.stack = traceback.StackSummary.from_list([f for f in current.stack if f.filename != "<string>"])
+            pending += [e for e in (current.__cause__, current.__context__) if e is not None]
+        text = "\n".join("".join(shown.format()).splitlines()[-20:])
+    except BaseException:  # the snippet broke what formatting needs (builtins, traceback): say less
+        text = f"{_type(error).__name__}: {_str(error)}"
+    os.write(2, (text + "\n").encode("utf-8", "replace"))
+
+
+def run(source):
+    linecache.cache["<snippet>"] = (len(source), None, source.splitlines(True), "<snippet>")
+    try:
+        exec(compile(source, "<snippet>", "exec"), {"__name__": "__main__", "__builtins__": builtins})
+    except SystemExit:
+        raise
+    except BaseException as error:
+        report(error)
+        sys.exit(1)
+
+
+def main():
+    config = json.loads(sys.argv[1])
+    source = open(config["snippet"], encoding="utf-8").read()
+    os.remove(config["snippet"])
+    isolated = enter_namespaces()
+    os.write(config["status_fd"], b"1" if isolated else b"0")
+    os.close(config["status_fd"])
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if isolated:
+        become_namespace_init(config["alarm_s"])
+    else:
+        signal.alarm(config["alarm_s"])
+    set_limits(config)
+    deny_fork_exec()
+    sys.addaudithook(make_hook(os.path.realpath(config["workdir"]), read_roots(), config["max_processes"]))
+    del config
+    sys.argv = [""]
+    run(source)
+
+
+main()
+'''
+
+
+@dataclass(frozen=True)
+class _Finished:
+    """What came back from one run of the child."""
+
+    output: bytes  # at most output_bytes + 1 bytes
+    returncode: int
+    timed_out: bool
+    isolated: bool  # the child entered its own user, network and pid namespaces
+
+
+class PythonSandbox:
+    """Runs model-written Python in a limited child process; the snippet's failures come back as text.
+
+    Args:
+        cpu_s: CPU seconds the snippet may use (rounded up to whole seconds: RLIMIT_CPU counts seconds).
+        wall_s: wall-clock seconds before the parent kills it, start-up included.
+        memory_mb: address space of the child (RLIMIT_AS); an allocation past it raises MemoryError.
+        output_bytes: the most bytes of stdout + stderr returned; the rest is read and dropped.
+        max_processes: how many processes the snippet may fork (os.fork; the forks keep every restriction).
+            New programs (exec, system, subprocess) are always refused: they would run without the audit hook.
+    """
+
+    def __init__(
+        self,
+        *,
+        cpu_s: float = 5.0,
+        wall_s: float = 10.0,
+        memory_mb: int = 512,
+        output_bytes: int = 4096,
+        max_processes: int = 0,
+    ) -> None:
+        for name, value, minimum in (("cpu_s", cpu_s, 1e-3), ("wall_s", wall_s, 1e-3), ("memory_mb", memory_mb, 64),
+                                     ("output_bytes", output_bytes, 1), ("max_processes", max_processes, 0)):
+            if value < minimum:
+                raise ValueError(f"{name} must be at least {minimum:g}, got {value!r}")
+        self.cpu_s = cpu_s
+        self.wall_s = wall_s
+        self.memory_mb = memory_mb
+        self.output_bytes = output_bytes
+        self.max_processes = max_processes
+        self._warned = False
+
+    def __call__(self, code: str) -> str:
+        """Run a Python snippet and return what it prints.
+
+        Args:
+            code: Python source to run; print the values you want to see.
+        """
+        if not isinstance(code, str):
+            raise ToolError(f"code must be a string, got {type(code).__name__}")
+        if len(code) > MAX_CODE_CHARS:
+            raise ToolError(f"the code is {len(code)} characters long; the limit is {MAX_CODE_CHARS}")
+        with tempfile.TemporaryDirectory(prefix="grpo-sandbox-", ignore_cleanup_errors=True) as workdir:
+            (Path(workdir) / _SNIPPET_FILE).write_text(code, encoding="utf-8")
+            finished = self._run(workdir)
+        if not finished.isolated and not self._warned:
+            self._warned = True
+            logger.warning("python sandbox: no user/network/pid namespaces on this machine; the audit hook and rlimits remain")
+        return self._describe(finished)
+
+    def _run(self, workdir: str) -> _Finished:
+        """Start the child, collect its output within the wall clock, and leave no process of its group behind."""
+        deadline = time.monotonic() + self.wall_s
+        status_read, status_write = os.pipe()  # the child writes b"1" here once inside its namespaces
+        try:
+            proc = self._start(workdir, status_write)
+        except BaseException:
+            os.close(status_read)
+            raise
+        finally:
+            os.close(status_write)
+        try:
+            assert proc.stdout is not None  # stdout=PIPE
+            output, timed_out = self._read(proc.stdout.fileno(), deadline)
+            returncode = _wait(proc, deadline)
+        finally:
+            _kill_group(proc)
+            proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+            # Every writer is gone now, so this read cannot block.
+            isolated = os.read(status_read, 1) == b"1"
+            os.close(status_read)
+        return _Finished(output, returncode or 0, timed_out or returncode is None, isolated)
+
+    def _start(self, workdir: str, status_fd: int) -> subprocess.Popen[bytes]:
+        """The child: the bootstrap with its settings, in a new session so that one killpg ends all of it."""
+        config = {
+            "workdir": workdir,
+            "snippet": str(Path(workdir) / _SNIPPET_FILE),
+            "status_fd": status_fd,
+            "cpu_s": math.ceil(self.cpu_s),
+            "alarm_s": math.ceil(self.wall_s) + 2,
+            "memory_bytes": self.memory_mb * 1024 * 1024,
+            "file_bytes": FILE_BYTES,
+            "max_processes": self.max_processes,
+        }
+        return subprocess.Popen(
+            [sys.executable, "-I", "-B", "-u", "-X", "utf8", "-c", _BOOTSTRAP, json.dumps(config)],
+            cwd=workdir,
+            env=_child_env(workdir),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=(status_fd,),
+            start_new_session=True,
+        )
+
+    def _read(self, fd: int, deadline: float) -> tuple[bytes, bool]:
+        """Up to output_bytes + 1 bytes of the child's output, and whether the wall clock ran out first.
+
+        Reading goes on (dropping the bytes) until the pipe closes, so a chatty snippet finishes instead of
+        blocking on a full pipe; memory stays bounded by the cap.
+        """
+        kept = bytearray()
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while (left := deadline - time.monotonic()) > 0:
+                if not selector.select(left):
+                    continue
+                chunk = os.read(fd, _READ_CHUNK)
+                if not chunk:
+                    return bytes(kept), False
+                kept += chunk[: self.output_bytes + 1 - len(kept)]
+        return bytes(kept), True
+
+    def _describe(self, finished: _Finished) -> str:
+        """The observation: the output (capped), then what ended the run if it did not end by itself."""
+        text = finished.output[: self.output_bytes].decode("utf-8", "replace").rstrip("\n")
+        notes = []
+        if len(finished.output) > self.output_bytes:
+            notes.append(f"...[output truncated at {self.output_bytes} bytes]")
+        if finished.timed_out:
+            notes.append(f"error: timed out after {self.wall_s:g} s (wall clock)")
+        elif finished.returncode in _KILLED_BY_CPU_LIMIT:
+            notes.append(f"error: CPU time limit ({math.ceil(self.cpu_s)} s) exceeded")
+        elif finished.returncode < 0:
+            notes.append(f"error: the snippet was killed by {signal.Signals(-finished.returncode).name}")
+        if not text and not notes:
+            return "(no output: print the values you want to see)"
+        return "\n".join([text, *notes] if text else notes)
+
+
+def _child_env(workdir: str) -> dict[str, str]:
+    """PATH and nothing of the user's; temporary files and ~ point into the working directory."""
+    return {"PATH": os.defpath, "PYTHONDONTWRITEBYTECODE": "1", "HOME": workdir, "TMPDIR": workdir}
+
+
+def _wait(proc: subprocess.Popen[bytes], deadline: float) -> int | None:
+    """The child's return code, or None when the wall clock runs out first."""
+    try:
+        return proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL every process of the child's session: a timed-out snippet or what it forked."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone already
