@@ -30,7 +30,16 @@ def summary_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
         f" dropped {int(metrics.get('async/groups_dropped_total', 0))}"
         f" | wait {metrics.get('async/trainer_wait_s', 0.0):.1f}s"
         + (f" | gpu {metrics['memory/device_used_gib']:.1f} GiB used" if "memory/device_used_gib" in metrics else "")
+        + (episode_part(metrics) if "episodes/turns_mean" in metrics else "")
     )
+
+
+def episode_part(metrics: Mapping[str, float]) -> str:
+    """The step line's episodes: turns and calls per episode, failed calls, time in tools, environment tokens."""
+    return (f" | turns {metrics['episodes/turns_mean']:.1f} calls {metrics['episodes/tool_calls_mean']:.1f}"
+            f" errors {int(metrics['episodes/tool_errors'])} timeouts {int(metrics['episodes/tool_timeouts'])}"
+            f" tools {metrics['episodes/tool_s']:.1f}s env {metrics['episodes/environment_token_share']:.0%}"
+            f" limit {int(metrics['episodes/ended_by_limit'])}")
 
 
 class StepProgress:

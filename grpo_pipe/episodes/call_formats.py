@@ -158,5 +158,5 @@ def _checked(tool: Tool, arguments: Any) -> ParsedTurn:
     for name, value in arguments.items():
         expected = _JSON_TYPES.get(properties[name].get("type", ""))
         if expected is not None and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
-            return ParsedTurn(problem=f"{tool.name}: {name} must be a {properties[name]['type']}, got {value!r}")
+            return ParsedTurn(problem=f"{tool.name}: {name} must be of type {properties[name]['type']}, got {value!r}")
     return ParsedTurn(name=tool.name, arguments=arguments)

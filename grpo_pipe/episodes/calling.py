@@ -53,9 +53,9 @@ def call_all(calls: Sequence[Call], timeout_s: float, max_chars: int) -> list[To
             thread = threading.Thread(target=_run, args=(call, slots, index, max_chars), daemon=True,
                                       name=f"grpo-tool-{index}")
             thread.start()
-            threads.append((index, thread))
+            threads.append(thread)
         deadline = started + timeout_s
-        for index, thread in threads:
+        for thread in threads:
             thread.join(max(deadline - time.perf_counter(), 0.0))
     return [slot if slot is not None else ToolResult(f"error: the tool did not answer within {timeout_s:g} s", "timeout",
                                                      time.perf_counter() - started)

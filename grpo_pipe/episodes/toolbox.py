@@ -86,7 +86,7 @@ def _import_file(path: Path) -> Any:
 def tool_schema(fn: Callable[..., Any], name: str) -> dict[str, Any]:
     """transformers' JSON schema of a typed function with a Google-style docstring, under `name`; its defaults
     must be JSON values (the model sees them)."""
-    from transformers.utils import get_json_schema
+    from transformers.utils.chat_template_utils import get_json_schema
 
     try:
         schema = get_json_schema(fn)
@@ -105,7 +105,8 @@ def tool_schema(fn: Callable[..., Any], name: str) -> dict[str, Any]:
 
 def function_tools(specs: Sequence[str], options: Mapping[str, Mapping[str, Any]]) -> dict[str, Callable[..., Any]]:
     """name -> callable for `environment.tools`: a shipped name, or FILE.py:NAME / MODULE:NAME of a function (or of
-    a class, whose instance built with `tool_options[name]` is the tool)."""
+    a class, whose instance built with `tool_options[name]` is the tool). Every problem of every tool is raised at
+    once, schemas included."""
     problems, tools = [], {}
     for spec in specs:
         name = spec.rpartition(":")[2] if ":" in spec else spec
@@ -118,6 +119,11 @@ def function_tools(specs: Sequence[str], options: Mapping[str, Mapping[str, Any]
                                                           "not FILE.py:NAME or MODULE:NAME"]
         except TypeError as err:
             problems.append(f"tool_options.{name}: {err}")
+    for name, fn in tools.items():
+        try:
+            tool_schema(fn, name)
+        except ToolSpecError as err:
+            problems += err.problems
     unknown = sorted(set(options) - set(tools))
     if unknown:
         problems.append(f"tool_options has settings for {unknown}, which are not among the tools {sorted(tools)}")

@@ -115,3 +115,50 @@ def test_sigterm_during_a_2000_token_generation_exits_within_the_grace_with_a_ch
     [tracked] = client.search_runs([client.get_experiment_by_name("grpo_pipe").experiment_id])  # resumed: one run
     assert tracked.info.status == "KILLED"
     assert [m.step for m in client.get_metric_history(tracked.info.run_id, "policy/version")] == [1]
+
+
+def test_sigterm_while_a_tool_hangs_exits_within_the_grace_with_the_last_checkpoint(tmp_path) -> None:
+    """Step 1 of an episode run with the calculator; the resumed run's step 2 calls a tool that sleeps for ten
+    minutes (its timeout longer still) and is stopped while the tool runs."""
+    grace = 20.0
+    store = tmp_path / "mlflow.db"
+    base = [*TINY, f"logger.tracking_uri=sqlite:///{store}", f"logger.artifact_location={tmp_path}/artifacts",
+            "checkpoint.every=1", f"run.shutdown_grace_s={grace}", "curriculum.prompts_per_step=2", "environment=tools",
+            "environment.call_format._target_=tests.fixtures.call_formats.EveryTurnCalls", "environment.max_turns=2",
+            "environment.max_episode_tokens=96", "environment.tool_timeout_s=900"]
+    started = tmp_path / "tool-started"
+    env = {**os.environ, "COLUMNS": "200", "GRPO_PIPE_TEST_TOOL_STARTED": str(started)}
+    first = tmp_path / "first"
+    done = subprocess.run([sys.executable, "-m", "grpo_pipe", *base, "trainer.steps=1", f"hydra.run.dir={first}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, env=env, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    hanging = ["environment.tools=[tests/fixtures/tools/hang.py:hang]", "+environment.call_format.tool=hang",
+               "+environment.call_format.arguments={seconds: 600}"]
+    second = tmp_path / "second"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "grpo_pipe", *base, *hanging, "trainer.steps=2", f"resume={first}",
+         "resume_accept=[trainer.steps,environment.tools,environment.call_format]", f"hydra.run.dir={second}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while not started.exists():  # step 2's first turn is done and its calls are running
+            assert proc.poll() is None, "the run ended before the tool was called"
+            assert time.monotonic() < deadline, "the tool was never called"
+            time.sleep(0.1)
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=grace + 60)
+        elapsed = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert elapsed < grace + 10, f"stop took {elapsed:.1f}s"
+    assert "Stopped during step 2's generation (SIGTERM)" in out
+    [saved] = sorted((first / "checkpoints").glob("step-*"))
+    assert saved.name == "step-000001" and Checkpoint(saved).trainer_state()["version"] == 1
+    client = MlflowClient(tracking_uri=f"sqlite:///{store}")
+    [tracked] = client.search_runs([client.get_experiment_by_name("grpo_pipe").experiment_id])
+    assert tracked.info.status == "KILLED"

@@ -2,7 +2,7 @@
 
 The expression is parsed with `ast` and only a whitelist of nodes (numbers, unary +/-, + - * / // % **,
 parentheses) is evaluated, so no name, call or attribute ever runs: the tool is safe on any model output.
-Every value is a `fractions.Fraction`, so "0.1 + 0.2" is exactly 3/10 and 2**100 keeps all its digits.
+Every value is a `fractions.Fraction`, so "0.1 + 0.2" is exactly 3/10 and 2**64 * 2**36 keeps all its digits.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ def test_malformed_tag_calls_are_problems_for_the_model() -> None:
     assert tags.parse('<lookup>{"year": 1}</lookup>', [LOOKUP]).problem == "lookup takes (city, year): missing city"
     assert tags.parse('<lookup>{"city": "Oslo", "x": 1}</lookup>', [LOOKUP]).problem == (
         "lookup takes (city, year): unexpected x")
-    assert tags.parse('<lookup>{"city": 3}</lookup>', [LOOKUP]).problem == "lookup: city must be a string, got 3"
+    assert tags.parse('<lookup>{"city": 3}</lookup>', [LOOKUP]).problem == "lookup: city must be of type string, got 3"
     assert all(tags.parse(text, [CALC]).acts for text in ("<calculator>1+</calculator>", "<calculator>1"))
 
 

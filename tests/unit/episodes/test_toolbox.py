@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.episodes.tool_episodes import ToolEpisodes
 from grpo_pipe.episodes.toolbox import function_tools, tool_schema
 
@@ -31,13 +32,18 @@ def test_a_users_typed_function_is_a_tool_with_its_schema() -> None:
     ({"tools": [f"{TOOLS}:odd_default"]}, "the default of 'when'"),
     ({"tools": ["abacus"]}, "'abacus': not a shipped tool (calculator, python)"),
     ({"environment_class": "tests/fixtures/environments/no_reset.py:Shop"}, "Shop has no reset(task) method"),
-    ({"tools": [f"{TOOLS}:lookup"], "max_turns": 0}, "max_turns=0: must be >= 1"),
     ({}, "set exactly one of tools"),
     ({"tools": [f"{TOOLS}:lookup"], "tool_options": {"calculator": {"max_operations": 1}}}, "tool_options has settings"),
 ])
 def test_bad_tools_are_named_before_anything_loads(settings: dict, expected: str) -> None:
     problems = _problems(**settings)
     assert any(expected in p for p in problems), problems
+
+
+def test_limits_are_checked_where_they_are_set() -> None:
+    with pytest.raises(ConfigError) as err:
+        ToolEpisodes(tools=["calculator"], max_turns=0, tool_timeout_s=0)
+    assert err.value.problems == ["environment.max_turns=0: must be >= 1", "environment.tool_timeout_s=0: must be > 0"]
 
 
 def test_an_environment_class_offers_its_public_methods_as_tools() -> None:
