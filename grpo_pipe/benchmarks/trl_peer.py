@@ -16,6 +16,12 @@ checkpointing off (TRL's own default is on), bf16 autocast on GPU only, no loggi
 Prompts arrive rendered with the chat template and are passed as plain text; TRL 1.16 tokenizes plain text
 with the tokenizer's default special tokens, so the tokenizer TRL gets adds none (no second BOS).
 
+With `tools` (a `trl_tools.ToolPeer`: the job's episodes have tools), prompts arrive as messages and TRL runs its
+own tool loop (`GRPOTrainer(tools=...)`): the tool chat template and response template are set on the tokenizer TRL
+gets, `max_new_tokens` is the whole episode's budget (`max_completion_length`: model and tool tokens together),
+`max_turn_tokens` caps each model turn (`generation_kwargs`), and `max_tool_calling_iterations` is the number of tool
+rounds (our `max_turns` - 1). `trl_tools` says where TRL's episode differs from ours.
+
 Kept at TRL's defaults (they differ from ours where noted): policy loaded in float32 (`model_init_kwargs`),
 `loss_type="dapo"` (token-level mean; our default loss is sequence-mean GRPO), `scale_rewards="group"`,
 `num_iterations=1` (the ratio is taken against the current policy), the engine's log-probs entering only through
@@ -42,6 +48,7 @@ import torch
 from transformers import AutoTokenizer, PreTrainedModel, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import PrinterCallback
 
+from grpo_pipe.benchmarks.trl_tools import ToolPeer, final_answer
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.rewards.answers import is_correct
 
@@ -74,6 +81,8 @@ class PeerSettings:
     adam_beta2: float = 0.999  # TRL's (and transformers') default
     use_vllm: bool = True  # False: TRL generates with transformers' `generate` (slow; for CPU tests)
     vllm_gpu_memory_utilization: float = 0.3  # TRL's default: the engine's share of the GPU beside the trainer
+    max_turn_tokens: int | None = None  # tool episodes: tokens of one model turn (None: the whole completion's)
+    max_tool_calling_iterations: int | None = None  # tool episodes: rounds of calls (None: TRL's default, no limit)
 
 
 @dataclass(frozen=True)
@@ -92,30 +101,36 @@ class PeerRun:
     startup_s: float  # from the call to the first step's start (model load, vLLM start-up)
 
 
-def correctness_reward(completions: list[str], answer: list[str], **_: Any) -> list[float]:
+def correctness_reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
     """Our `reward=correctness` in TRL's reward shape: 1.0 when the final answer equals the reference."""
-    return [1.0 if is_correct(text, reference) is True else 0.0 for text, reference in zip(completions, answer)]
+    return [1.0 if is_correct(completion_text(c), reference) is True else 0.0 for c, reference in zip(completions, answer)]
+
+
+def completion_text(completion: str | list[dict[str, Any]]) -> str:
+    """What a checker grades: the text of a plain completion, the final answer of a tool episode's messages."""
+    return completion if isinstance(completion, str) else final_answer(completion)
 
 
 def train_trl(
     model_path: Path,
-    prompts: list[str],
+    prompts: list[str] | list[list[dict[str, str]]],
     answers: list[str],
     settings: PeerSettings,
     budget_s: float,
     mark_every_s: float,
     out_dir: Path,
     reward_fn: Callable[..., list[float]] = correctness_reward,
+    tools: ToolPeer | None = None,
 ) -> PeerRun:
     """Train `model_path` with TRL's GRPOTrainer until `budget_s` seconds of training; see the module docstring.
 
     `reward_fn` has TRL's reward shape; besides `answer` it receives `task_index`, the position of each
-    completion's prompt in `prompts` (so a caller can score with its own tasks)."""
+    completion's prompt in `prompts` (so a caller can score with its own tasks). With `tools`, `prompts` are messages
+    and the completions `reward_fn` receives are message lists (`completion_text` reads the answer)."""
     called = time.perf_counter()
-    _check_arguments(prompts, answers, settings, budget_s, mark_every_s)
+    _check_arguments(prompts, answers, settings, budget_s, mark_every_s, tools)
     datasets, trl = _import_trl()
-    tokenizer = _plain_text_tokenizer(model_path, prompts)
-    longest = max(len(ids) for ids in tokenizer(prompts, add_special_tokens=False)["input_ids"])
+    tokenizer, longest = _processing_class(model_path, prompts, tools)
     budget = WallClockBudget(
         save=_snapshot_writer(AutoTokenizer.from_pretrained(model_path)),  # the unaltered tokenizer goes in snapshots
         out_dir=out_dir,
@@ -132,6 +147,7 @@ def train_trl(
                 {"prompt": prompts, "answer": answers, "task_index": list(range(len(prompts)))}),
             processing_class=tokenizer,
             callbacks=[budget],
+            tools=tools.functions if tools is not None else None,
         )
         trainer.remove_callback(PrinterCallback)  # it prints every log dict; the figures come back in PeerRun
         try:
@@ -149,10 +165,12 @@ def train_trl(
 
 
 def _check_arguments(
-    prompts: list[str], answers: list[str], settings: PeerSettings, budget_s: float, mark_every_s: float
+    prompts: list[str] | list[list[dict[str, str]]], answers: list[str], settings: PeerSettings, budget_s: float,
+    mark_every_s: float, tools: ToolPeer | None,
 ) -> None:
     """Every problem at once, naming the argument and its value."""
     batch = settings.prompts_per_step * settings.samples_per_prompt
+    as_messages = all(isinstance(p, list) for p in prompts)
     problems = [
         f"{name}={value}: {rule}"
         for name, value, ok, rule in [
@@ -166,6 +184,10 @@ def _check_arguments(
             ("dtype", settings.dtype, settings.dtype in _DTYPES, f"must be one of {_DTYPES}"),
             ("budget_s", budget_s, budget_s > 0, "must be > 0"),
             ("mark_every_s", mark_every_s, mark_every_s > 0, "must be > 0"),
+            ("prompts", "messages" if as_messages else "text", as_messages == (tools is not None),
+             "must be messages exactly when tools are given (TRL renders tool prompts itself)"),
+            ("max_turn_tokens", settings.max_turn_tokens, settings.max_turn_tokens is None or tools is not None,
+             "caps the turns of tool episodes: needs tools"),
         ]
         if not ok
     ]
@@ -183,6 +205,18 @@ def _import_trl() -> tuple[Any, Any]:
     if trl.__version__ != "1.16.0":
         log.warning("trl %s is installed; the peer was written and checked against trl 1.16.0", trl.__version__)
     return datasets, trl
+
+
+def _processing_class(model_path: Path, prompts: list[str] | list[list[dict[str, str]]],
+                      tools: ToolPeer | None) -> tuple[Any, int]:
+    """The tokenizer TRL gets, and the longest prompt in tokens (vLLM's context must hold it and a completion)."""
+    if tools is not None:
+        tokenizer = tools.tokenizer(model_path)
+        conversations = [p for p in prompts if isinstance(p, list)]
+        return tokenizer, max(len(ids) for ids in tools.prompt_ids(tokenizer, conversations))
+    texts = [p for p in prompts if isinstance(p, str)]
+    tokenizer = _plain_text_tokenizer(model_path, texts)
+    return tokenizer, max(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
 
 
 def _plain_text_tokenizer(model_path: Path, prompts: list[str]) -> Any:
@@ -232,6 +266,8 @@ def _grpo_config(trl: Any, settings: PeerSettings, out_dir: Path, max_model_len:
         vllm_mode="colocate",
         vllm_gpu_memory_utilization=settings.vllm_gpu_memory_utilization,
         vllm_max_model_length=max_model_len,
+        max_tool_calling_iterations=settings.max_tool_calling_iterations,
+        generation_kwargs=_turn_limit(settings),
         max_steps=_UNBOUNDED_STEPS,
         logging_steps=1,
         save_strategy="no",
@@ -239,6 +275,13 @@ def _grpo_config(trl: Any, settings: PeerSettings, out_dir: Path, max_model_len:
         push_to_hub=False,
         disable_tqdm=True,
     )
+
+
+def _turn_limit(settings: PeerSettings) -> dict[str, int] | None:
+    """A cap on each model turn, in the generation backend's own key (vLLM's sampling params or transformers')."""
+    if settings.max_turn_tokens is None:
+        return None
+    return {"max_tokens" if settings.use_vllm else "max_new_tokens": settings.max_turn_tokens}
 
 
 def _snapshot_writer(tokenizer: Any) -> Callable[[PreTrainedModel, Path], None]:

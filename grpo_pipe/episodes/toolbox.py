@@ -18,7 +18,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from grpo_pipe.types import Task
 
@@ -113,7 +113,7 @@ def function_tools(specs: Sequence[str], options: Mapping[str, Mapping[str, Any]
         try:
             target = load_object(SHIPPED.get(spec, spec if ":" in spec else f"{spec}:"))
             # a class's instance is the tool: its bound __call__ carries the signature and docstring of the schema
-            tools[name] = target(**dict(options.get(name, {}))).__call__ if inspect.isclass(target) else target
+            tools[name] = cast(Any, target(**dict(options.get(name, {})))).__call__ if inspect.isclass(target) else target
         except ToolSpecError as err:
             problems += err.problems if ":" in spec else [f"{spec!r}: not a shipped tool ({', '.join(SHIPPED)}) and "
                                                           "not FILE.py:NAME or MODULE:NAME"]
