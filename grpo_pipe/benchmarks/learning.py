@@ -9,7 +9,11 @@ hyper-parameters under the same budget, scored by the job's own reward (`grpo_pi
 `pip install trl==1.16.0`).
 Every snapshot of both is graded afterwards by one grader: greedy decoding with transformers in fp32,
 `run.eval_max_new_tokens` tokens, the job's own reward deciding what counts as correct, on the first
-`--grade-size` held-out tasks. So the two curves differ only in how each tool trained.
+`--grade-size` held-out tasks. So the two curves differ only in how each tool trained. When the job's episodes have
+tools (`environment=tools`), grading runs those episodes (the same prompts, call format, tools and limits) on a
+transformers engine (`hf_engine`), and TRL trains with its own tool loop on the same task (`trl_tools`). The first and
+last snapshot of each tool are also graded sampled (temperature 1, `--sampled-k` samples per task; the mean
+correctness over samples).
 
 "Training time" starts at the first step (engine start-up, model loading and compilation excluded, as a user
 sees start-up once per job) and includes generation, scoring, the update and the weight sync.
@@ -31,13 +35,15 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_pipe.benchmarks.hf_engine import HFEngine
+from grpo_pipe.benchmarks.trl_tools import ToolEpisodeRunner, tool_peer
 from grpo_pipe.components import Components, build
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.config.sources import CONF_DIR
-from grpo_pipe.interfaces import Reward
+from grpo_pipe.interfaces import EpisodeRunner, Reward
 from grpo_pipe.prompts import chat_messages
 from grpo_pipe.recipe import GRPORecipe
-from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, Task
+from grpo_pipe.types import Completion, RequestTelemetry, RewardOutput, RolloutGroup, SamplingSettings, Task
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +66,7 @@ class Curve:
     startup_s: float
     step_metrics: list[dict[str, float]] = field(default_factory=list)
     accuracy: list[float] = field(default_factory=list)  # per snapshot, filled by `grade_curve`
+    sampled: dict[int, float] = field(default_factory=dict)  # snapshot index -> sampled accuracy (first and last)
 
     @property
     def steps(self) -> int:
@@ -147,18 +154,62 @@ def grade(model_path: Path, tasks: Sequence[Task], prompts: Sequence[Sequence[in
 
 def accuracy_of(tasks: Sequence[Task], prompts: Sequence[Sequence[int]], texts: Sequence[str], reward: Reward) -> float:
     groups = [RolloutGroup(task, tuple(prompt), (_completion(text),)) for task, prompt, text in zip(tasks, prompts, texts)]
-    correct = reward(groups).correct
-    if correct is None:
+    return fraction_correct(reward(groups))
+
+
+def fraction_correct(scored: RewardOutput) -> float:
+    if scored.correct is None:
         raise ConfigError(["reward: the learning benchmark grades by the reward's `correct` flags; this reward gives none"])
-    return sum(correct) / max(len(correct), 1)
+    return sum(scored.correct) / max(len(scored.correct), 1)
 
 
-def grade_curve(curve: Curve, tasks: Sequence[Task], prompts: Sequence[Sequence[int]], reward: Reward,
-                max_new_tokens: int) -> None:
-    for snapshot in curve.snapshots:
-        curve.accuracy.append(grade(snapshot.path, tasks, prompts, reward, max_new_tokens))
+@dataclass(frozen=True)
+class Grader:
+    """One grader for every snapshot of both tools: the held-out tasks, their prompt ids, the job's reward, and the
+    job's episodes with tools (None: one turn per task, greedy figures from `grade` as before episodes)."""
+
+    tasks: list[Task]
+    prompts: list[tuple[int, ...]]
+    reward: Reward
+    max_new_tokens: int  # per model turn
+    episodes: ToolEpisodeRunner | None
+    sampled_k: int  # samples per task for the sampled figure (0: none)
+    seed: int
+
+    def greedy(self, model_path: Path) -> float:
+        if self.episodes is None:
+            return grade(model_path, self.tasks, self.prompts, self.reward, self.max_new_tokens)
+        return self._accuracy(model_path, 1, SamplingSettings(temperature=0.0, max_tokens=self.max_new_tokens))
+
+    def sampled(self, model_path: Path) -> float:
+        """Mean correctness of `sampled_k` samples per task at temperature 1."""
+        sampling = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=self.max_new_tokens, seed=self.seed)
+        return self._accuracy(model_path, self.sampled_k, sampling)
+
+    def _accuracy(self, model_path: Path, samples: int, sampling: SamplingSettings) -> float:
+        engine = HFEngine()
+        engine.connect(model_path)
+        counts = [samples] * len(self.tasks)
+        try:
+            completions = (engine.generate(self.prompts, counts, sampling) if self.episodes is None
+                           else self.episodes.generate(engine, self.tasks, self.prompts, counts, sampling))
+        finally:
+            engine.shutdown()
+        groups = [RolloutGroup(t, p, tuple(c)) for t, p, c in zip(self.tasks, self.prompts, completions)]
+        return fraction_correct(self.reward(groups))
+
+
+def grade_curve(curve: Curve, grader: Grader) -> None:
+    """Greedy accuracy of every snapshot; sampled accuracy of the first and the last."""
+    last = len(curve.snapshots) - 1
+    for index, snapshot in enumerate(curve.snapshots):
+        curve.accuracy.append(grader.greedy(snapshot.path))
+        sampled = ""
+        if grader.sampled_k > 0 and index in (0, last):
+            curve.sampled[index] = grader.sampled(snapshot.path)
+            sampled = f"  sampled ({grader.sampled_k} per task) {curve.sampled[index]:.3f}"
         print(f"{curve.tool:>9}  {snapshot.train_s / 60:5.2f} min  step {snapshot.step:4d}  "
-              f"held-out accuracy {curve.accuracy[-1]:.3f}", flush=True)
+              f"held-out accuracy {curve.accuracy[-1]:.3f}{sampled}", flush=True)
 
 
 def minutes_to_reach(curve: Curve, target: float) -> float | None:
@@ -176,31 +227,69 @@ def held_out(parts: Components, model_path: Path, size: int) -> tuple[list[Task]
     return tasks, [tuple(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts], texts
 
 
+def make_grader(parts: Components, runner: EpisodeRunner, cfg: DictConfig, model_path: Path, size: int,
+                sampled_k: int) -> Grader:
+    """The grader of this job; `runner` is an episode runner of its own (a run closes the one it used)."""
+    from transformers import AutoTokenizer
+
+    if not isinstance(runner, ToolEpisodeRunner):
+        tasks, prompts, _ = held_out(parts, model_path, size)
+        return Grader(tasks, prompts, parts.reward, int(cfg.run.eval_max_new_tokens), None, sampled_k, int(cfg.run.seed))
+    runner.setup(AutoTokenizer.from_pretrained(model_path), parts.data.system_prompt, int(cfg.rollout.max_model_len))
+    tasks = list(parts.data.eval_tasks())[:size]
+    prompts = [runner.render_prompt(t) for t in tasks]
+    return Grader(tasks, prompts, parts.reward, int(cfg.run.eval_max_new_tokens), runner, sampled_k, int(cfg.run.seed))
+
+
 def render_text(tokenizer: Any, system_prompt: str, task: Task) -> str:
     return tokenizer.apply_chat_template(chat_messages(system_prompt, task), add_generation_prompt=True, tokenize=False)
 
 
 def train_peer(parts: Components, cfg: DictConfig, model_path: Path, budget_s: float, every_s: float,
                out: Path) -> Curve:
-    """TRL's GRPOTrainer on the same rendered prompts, checker and hyper-parameters (see `peer_settings`)."""
+    """TRL's GRPOTrainer on the same prompts, checker and hyper-parameters (see `peer_settings`); with the same
+    tools when the job's episodes have them (TRL's own tool loop; `trl_tools` says how it is made to read ours)."""
     from transformers import AutoTokenizer
 
     from grpo_pipe.benchmarks.trl_peer import train_trl
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tasks = list(parts.data.train_tasks())
-    prompts = [render_text(tokenizer, parts.data.system_prompt, t) for t in tasks]
-    run = train_trl(model_path, prompts, [t.answer for t in tasks], peer_settings(cfg), budget_s=budget_s,
-                    mark_every_s=every_s, out_dir=out / "trl", reward_fn=job_reward(parts.reward, tasks))
+    episodes, system_prompt = parts.environment, parts.data.system_prompt
+    if isinstance(episodes, ToolEpisodeRunner):
+        episodes.setup(tokenizer, system_prompt, int(cfg.rollout.max_model_len))
+        tools = tool_peer(episodes, tokenizer, system_prompt)
+        conversations = [tools.conversation(t) for t in tasks]
+        check_same_prompts(tools.prompt_ids(tools.tokenizer(model_path), conversations),
+                           [episodes.render_prompt(t) for t in tasks])
+        run = train_trl(model_path, conversations, [t.answer for t in tasks], peer_settings(cfg, episodes),
+                        budget_s=budget_s, mark_every_s=every_s, out_dir=out / "trl",
+                        reward_fn=job_reward(parts.reward, tasks), tools=tools)
+    else:
+        prompts = [render_text(tokenizer, system_prompt, t) for t in tasks]
+        run = train_trl(model_path, prompts, [t.answer for t in tasks], peer_settings(cfg, episodes),
+                        budget_s=budget_s, mark_every_s=every_s, out_dir=out / "trl",
+                        reward_fn=job_reward(parts.reward, tasks))
     snapshots = [Snapshot(s.train_s, s.step, s.path) for s in run.snapshots]
     return Curve("trl", snapshots, list(run.step_rewards), run.train_s, run.startup_s)
 
 
-def job_reward(reward: Reward, tasks: Sequence[Task]) -> Callable[..., list[float]]:
-    """The job's own reward in TRL's shape, so both tools train on the same scores."""
+def check_same_prompts(theirs: Sequence[Sequence[int]], ours: Sequence[Sequence[int]]) -> None:
+    """TRL must start its episodes from exactly our prompt tokens, or the comparison is of two tasks."""
+    differ = [i for i, (a, b) in enumerate(zip(theirs, ours)) if tuple(a) != tuple(b)]
+    if differ:
+        raise ConfigError([f"TRL peer: {len(differ)} of {len(ours)} prompts tokenise differently from our episodes' "
+                           f"(first: task {differ[0]}); the tool chat template does not render this model's chat"])
+    log.info("TRL peer: all %d prompts are token for token those our episodes start from", len(ours))
 
-    def job_reward(completions: list[str], task_index: list[int], **_: Any) -> list[float]:
-        groups = [RolloutGroup(tasks[i], (), (_completion(text),)) for text, i in zip(completions, task_index)]
+
+def job_reward(reward: Reward, tasks: Sequence[Task]) -> Callable[..., list[float]]:
+    """The job's own reward in TRL's shape, so both tools train on the same scores (a tool episode's completion is
+    its messages: the final answer is graded, as our episodes' `Completion.text` is)."""
+    from grpo_pipe.benchmarks.trl_peer import completion_text
+
+    def job_reward(completions: list[Any], task_index: list[int], **_: Any) -> list[float]:
+        groups = [RolloutGroup(tasks[i], (), (_completion(completion_text(c)),)) for c, i in zip(completions, task_index)]
         return list(reward(groups).values)
 
     return job_reward
@@ -211,15 +300,20 @@ def _completion(text: str) -> Completion:
     return Completion((), (), text, "stop", 0, RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0))
 
 
-def peer_settings(cfg: DictConfig) -> Any:
-    """Our job's hyper-parameters in TRL's terms."""
+def peer_settings(cfg: DictConfig, episodes: EpisodeRunner) -> Any:
+    """Our job's hyper-parameters in TRL's terms; with tools, an episode's token budget is TRL's completion length,
+    `run.max_new_tokens` caps each turn and TRL's tool rounds are our turns less the first."""
     from grpo_pipe.benchmarks.trl_peer import PeerSettings
 
     micro = cfg.trainer.micro_batch_size or (16 if torch.cuda.is_available() else 8)
+    tools = episodes if isinstance(episodes, ToolEpisodeRunner) else None
     return PeerSettings(
         lr=float(cfg.trainer.lr), warmup_steps=int(cfg.trainer.lr_schedule.warmup_steps),
         prompts_per_step=int(cfg.curriculum.prompts_per_step), samples_per_prompt=int(cfg.curriculum.samples_per_prompt),
-        max_new_tokens=int(cfg.run.max_new_tokens), temperature=float(cfg.run.temperature), top_p=float(cfg.run.top_p),
+        max_new_tokens=tools.max_episode_tokens if tools else int(cfg.run.max_new_tokens),
+        max_turn_tokens=int(cfg.run.max_new_tokens) if tools else None,
+        max_tool_calling_iterations=tools.max_turns - 1 if tools else None,
+        temperature=float(cfg.run.temperature), top_p=float(cfg.run.top_p),
         clip_low=float(cfg.loss.clip_low), clip_high=float(cfg.loss.clip_high), grad_clip=float(cfg.trainer.grad_clip),
         micro_batch_size=int(micro), beta=float(cfg.loss.kl_coef), seed=int(cfg.run.seed),
         vllm_gpu_memory_utilization=float(cfg.rollout.gpu_memory_utilization),
@@ -232,11 +326,12 @@ def report(curves: Sequence[Curve], budget_s: float) -> dict[str, Any]:
     reaches the other's final accuracy; return it all as one dict."""
     summary: dict[str, Any] = {}
     for curve in curves:
-        early = curve.step_rewards[:20]
+        early, last = curve.step_rewards[:20], len(curve.snapshots) - 1
         row = {
             "steps": curve.steps, "train_s": curve.train_s, "startup_s": curve.startup_s,
             "s_per_step": curve.train_s / max(curve.steps, 1),
             "final_accuracy": curve.accuracy[-1] if curve.accuracy else None,
+            "sampled_accuracy_first": curve.sampled.get(0), "sampled_accuracy_last": curve.sampled.get(last),
             "reward_steps_1_10": _mean(curve.step_rewards[:10]), "reward_steps_11_20": _mean(early[10:20]),
             "reward_by_10_steps": [_mean(curve.step_rewards[i : i + 10]) for i in range(0, curve.steps, 10)],
             "curve": [{"minutes": s.train_s / 60, "step": s.step, "accuracy": a}
@@ -246,6 +341,9 @@ def report(curves: Sequence[Curve], budget_s: float) -> dict[str, Any]:
         print(f"\n{curve.tool}: {row['steps']} steps in {curve.train_s / 60:.2f} min of training "
               f"({row['s_per_step']:.2f} s/step; start-up {curve.startup_s:.0f} s); "
               f"held-out accuracy at the end {row['final_accuracy']:.3f}")
+        if curve.sampled:
+            print(f"  sampled accuracy: first snapshot {row['sampled_accuracy_first']:.3f}, "
+                  f"last {row['sampled_accuracy_last']:.3f}")
         print("  reward per 10 steps: " + ", ".join(f"{r:.2f}" for r in row["reward_by_10_steps"][:30]))
     if len(curves) == 2:
         ours, peer = curves
@@ -268,6 +366,8 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=None,
                         help="also stop our job after this many steps (an ablation at equal steps)")
     parser.add_argument("--grade-size", type=int, default=None, help="held-out tasks graded (default run.eval_size)")
+    parser.add_argument("--sampled-k", type=int, default=4,
+                        help="samples per task (temperature 1) graded on the first and last snapshot; 0: greedy only")
     parser.add_argument("--peer", choices=["trl"], default=None, help="also train TRL's GRPOTrainer the same way")
     parser.add_argument("--only-peer", action="store_true", help="train the peer alone (e.g. in a second process)")
     parser.add_argument("--json", type=Path, default=None, help="also write every figure here")
@@ -289,11 +389,13 @@ def main() -> None:
         curves = [] if args.only_peer else [train_ours(parts, cfg, budget_s, every_s, out, args.max_steps)]
         if args.peer or args.only_peer:
             curves.append(train_peer(build(cfg), cfg, model_path, budget_s, every_s, out))
-        tasks, prompts, _ = held_out(parts, model_path, args.grade_size or int(cfg.run.eval_size))
-        print(f"\nGrading every snapshot on {len(tasks)} held-out tasks (greedy, fp32 transformers, "
-              f"{cfg.run.eval_max_new_tokens} new tokens)", flush=True)
+        size = args.grade_size or int(cfg.run.eval_size)
+        grader = make_grader(parts, build(cfg).environment, cfg, model_path, size, args.sampled_k)
+        how = "one turn" if grader.episodes is None else "episodes with tools"
+        print(f"\nGrading every snapshot on {len(grader.tasks)} held-out tasks ({how}, greedy, fp32 transformers, "
+              f"{cfg.run.eval_max_new_tokens} new tokens per turn)", flush=True)
         for curve in curves:
-            grade_curve(curve, tasks, prompts, parts.reward, int(cfg.run.eval_max_new_tokens))
+            grade_curve(curve, grader)
         summary = report(curves, budget_s)
     if args.json:
         payload = {"overrides": args.overrides, "minutes": args.minutes, "summary": summary,

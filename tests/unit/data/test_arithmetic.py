@@ -1,0 +1,31 @@
+"""Generated arithmetic: the usual precedence, seeded, train and eval apart."""
+
+import pytest
+
+from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.data.arithmetic import ArithmeticTasks, evaluate
+
+
+def test_multiplication_comes_first_then_left_to_right() -> None:
+    assert evaluate([19, 45, 26, 98], ["+", "-", "*"]) == 19 + 45 - 26 * 98 == -2484
+    assert evaluate([10, 58, 70, 76], ["-", "-", "+"]) == -42
+    assert evaluate([47, 77, 60, 80], ["*", "+", "*"]) == 8419
+
+
+def test_tasks_are_seeded_answered_and_the_splits_never_overlap() -> None:
+    data = ArithmeticTasks(terms=3, min_digits=2, max_digits=3, train_size=300, eval_size=50, seed=4)
+    train, held_out = data.train_tasks(), data.eval_tasks()
+    assert len(train) == 300 and len(held_out) == 50
+    assert not {t.question for t in train} & {t.question for t in held_out}
+    assert [t.question for t in train] == [t.question for t in ArithmeticTasks(terms=3, train_size=300, seed=4).train_tasks()]
+    for task in train[:50]:
+        expression = task.question.removeprefix("Calculate ").rstrip(".")
+        numbers = expression.split()[::2]
+        assert all(2 <= len(n) <= 3 for n in numbers) and len(numbers) == 3
+        assert int(task.answer) == eval(expression)  # our own generated integers: Python's precedence is the reference
+
+
+def test_bad_settings_are_named() -> None:
+    with pytest.raises(ConfigError) as err:
+        ArithmeticTasks(terms=1, min_digits=3, max_digits=2, operators=["/"])
+    assert len(err.value.problems) == 3
