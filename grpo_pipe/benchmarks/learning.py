@@ -10,10 +10,10 @@ hyper-parameters under the same budget, scored by the job's own reward (`grpo_pi
 Every snapshot of both is graded afterwards by one grader: greedy decoding with transformers in fp32,
 `run.eval_max_new_tokens` tokens, the job's own reward deciding what counts as correct, on the first
 `--grade-size` held-out tasks. So the two curves differ only in how each tool trained. When the job's episodes have
-tools (`environment=tools`), grading runs those episodes (the same prompts, call format, tools and limits) on a
-transformers engine (`hf_engine`), and TRL trains with its own tool loop on the same task (`trl_tools`). The first and
-last snapshot of each tool are also graded sampled (temperature 1, `--sampled-k` samples per task; the mean
-correctness over samples).
+tools (`environment=tools` or an option built on it, e.g. `environment=calculator`), grading runs those episodes (the
+same prompts, call format, tools and limits) on a transformers engine (`hf_engine`), and TRL trains with its own tool
+loop on the same task (`trl_tools`). The first and last snapshot of each tool are also graded sampled (temperature 1,
+`--sampled-k` samples per task; the mean correctness over samples).
 
 "Training time" starts at the first step (engine start-up, model loading and compilation excluded, as a user
 sees start-up once per job) and includes generation, scoring, the update and the weight sync.
@@ -256,22 +256,19 @@ def train_peer(parts: Components, cfg: DictConfig, model_path: Path, budget_s: f
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tasks = list(parts.data.train_tasks())
     episodes, system_prompt = parts.environment, parts.data.system_prompt
+    prompts: list[str] | list[list[dict[str, str]]]
     if isinstance(episodes, ToolEpisodeRunner):
         episodes.setup(tokenizer, system_prompt, int(cfg.rollout.max_model_len))
         tools = tool_peer(episodes, tokenizer, system_prompt)
-        conversations = [tools.conversation(t) for t in tasks]
+        prompts = conversations = [tools.conversation(t) for t in tasks]
         check_same_prompts(tools.prompt_ids(tools.tokenizer(model_path), conversations),
                            [episodes.render_prompt(t) for t in tasks])
-        run = train_trl(model_path, conversations, [t.answer for t in tasks], peer_settings(cfg, episodes),
-                        budget_s=budget_s, mark_every_s=every_s, out_dir=out / "trl",
-                        reward_fn=job_reward(parts.reward, tasks), tools=tools)
     else:
-        prompts = [render_text(tokenizer, system_prompt, t) for t in tasks]
-        run = train_trl(model_path, prompts, [t.answer for t in tasks], peer_settings(cfg, episodes),
-                        budget_s=budget_s, mark_every_s=every_s, out_dir=out / "trl",
-                        reward_fn=job_reward(parts.reward, tasks))
+        tools, prompts = None, [render_text(tokenizer, system_prompt, t) for t in tasks]
+    run = train_trl(model_path, prompts, [t.answer for t in tasks], peer_settings(cfg, episodes), budget_s=budget_s,
+                    mark_every_s=every_s, out_dir=out / "trl", reward_fn=job_reward(parts.reward, tasks), tools=tools)
     snapshots = [Snapshot(s.train_s, s.step, s.path) for s in run.snapshots]
-    return Curve("trl", snapshots, list(run.step_rewards), run.train_s, run.startup_s)
+    return Curve("trl", snapshots, list(run.step_rewards), run.train_s, run.startup_s, list(run.step_logs))
 
 
 def check_same_prompts(theirs: Sequence[Sequence[int]], ours: Sequence[Sequence[int]]) -> None:

@@ -40,7 +40,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +99,7 @@ class PeerRun:
     steps: int
     train_s: float
     startup_s: float  # from the call to the first step's start (model load, vLLM start-up)
+    step_logs: list[dict[str, float]] = field(default_factory=list)  # TRL's log of each step (`tools/call_frequency`...)
 
 
 def correctness_reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
@@ -154,13 +155,15 @@ def train_trl(
             trainer.train()
         finally:
             _release(trainer, settings.use_vllm)
-    rewards = [float(entry["reward"]) for entry in trainer.state.log_history if "reward" in entry]
+    logs = [{k: float(v) for k, v in entry.items() if isinstance(v, (int, float))}
+            for entry in trainer.state.log_history if "reward" in entry]
     return PeerRun(
         snapshots=list(budget.snapshots),
-        step_rewards=rewards,
+        step_rewards=[entry["reward"] for entry in logs],
         steps=trainer.state.global_step,
         train_s=budget.last_step_s,
         startup_s=budget.startup_s,
+        step_logs=logs,
     )
 
 

@@ -16,8 +16,12 @@ Where TRL's episode necessarily differs from ours (see also `trl_peer`):
   template at the last EOS), so TRL's turns run without stop strings and the model ends a call turn itself. Where it
   writes `</calculator><|im_end|>` (as the demonstration shows) the tokens are identical to ours, but TRL trains on
   that `<|im_end|>`, and a turn that goes on after the call keeps what it wrote (TRL runs every call it then reads).
-- A call TRL cannot read (a tag left open, ...) is plain content that ends the episode; ours is an error observation
-  the model sees, and the episode goes on.
+- A tag left open where a turn ran out of tokens is a call to TRL (its parser closes the call at the end of the text)
+  and is run; ours is an error observation ("not closed"). Several calls in one turn are all run by TRL; ours has
+  seen only the first (the stop string ends the turn there).
+Everything else matches: the tool result and the template's glue are masked from the loss in both; the result
+text, errors included, comes from the same code; an episode that ends on a call (TRL's last tool round, our
+`max_turns`) or out of tokens has no answer in either.
 """
 
 from __future__ import annotations
@@ -34,12 +38,13 @@ from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.episodes.calling import Call, call_all
 from grpo_pipe.episodes.tool_episodes import CallFormat
 from grpo_pipe.episodes.toolbox import Tool, function_tools
+from grpo_pipe.interfaces import EpisodeRunner
 from grpo_pipe.prompts import chat_messages
 from grpo_pipe.types import Task
 
 
 @runtime_checkable
-class ToolEpisodeRunner(Protocol):
+class ToolEpisodeRunner(EpisodeRunner, Protocol):
     """An episode runner with tools (`environment=tools`): the settings the grader and the TRL peer mirror."""
 
     @property
