@@ -109,14 +109,16 @@ def function_tools(specs: Sequence[str], options: Mapping[str, Mapping[str, Any]
     once, schemas included."""
     problems, tools = [], {}
     for spec in specs:
-        name = spec.rpartition(":")[2] if ":" in spec else spec
+        if ":" not in spec and spec not in SHIPPED:
+            problems.append(f"{spec!r}: not a shipped tool ({', '.join(SHIPPED)}) and not FILE.py:NAME or MODULE:NAME")
+            continue
+        name = spec.rpartition(":")[2]  # a shipped name is its own name
         try:
-            target = load_object(SHIPPED.get(spec, spec if ":" in spec else f"{spec}:"))
+            target = load_object(SHIPPED.get(spec, spec))
             # a class's instance is the tool: its bound __call__ carries the signature and docstring of the schema
             tools[name] = cast(Any, target(**dict(options.get(name, {})))).__call__ if inspect.isclass(target) else target
         except ToolSpecError as err:
-            problems += err.problems if ":" in spec else [f"{spec!r}: not a shipped tool ({', '.join(SHIPPED)}) and "
-                                                          "not FILE.py:NAME or MODULE:NAME"]
+            problems += err.problems
         except TypeError as err:
             problems.append(f"tool_options.{name}: {err}")
     for name, fn in tools.items():
