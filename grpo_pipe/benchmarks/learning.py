@@ -36,14 +36,15 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_pipe.benchmarks.hf_engine import HFEngine
-from grpo_pipe.benchmarks.trl_tools import ToolEpisodeRunner, tool_peer
+from grpo_pipe.benchmarks.trl_tools import ToolEpisodeRunner, episode_log, tool_peer
 from grpo_pipe.components import Components, build
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.config.sources import CONF_DIR
+from grpo_pipe.episodes.tool_episodes import CallFormat
 from grpo_pipe.interfaces import EpisodeRunner, Reward
 from grpo_pipe.prompts import chat_messages
 from grpo_pipe.recipe import GRPORecipe
-from grpo_pipe.types import Completion, RequestTelemetry, RewardOutput, RolloutGroup, SamplingSettings, Task
+from grpo_pipe.types import Completion, EpisodeLog, RequestTelemetry, RewardOutput, RolloutGroup, SamplingSettings, Task
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +258,9 @@ def train_peer(parts: Components, cfg: DictConfig, model_path: Path, budget_s: f
     tasks = list(parts.data.train_tasks())
     episodes, system_prompt = parts.environment, parts.data.system_prompt
     prompts: list[str] | list[list[dict[str, str]]]
+    call_format = None
     if isinstance(episodes, ToolEpisodeRunner):
+        call_format = episodes.call_format
         episodes.setup(tokenizer, system_prompt, int(cfg.rollout.max_model_len))
         tools = tool_peer(episodes, tokenizer, system_prompt)
         prompts = conversations = [tools.conversation(t) for t in tasks]
@@ -266,7 +269,8 @@ def train_peer(parts: Components, cfg: DictConfig, model_path: Path, budget_s: f
     else:
         tools, prompts = None, [render_text(tokenizer, system_prompt, t) for t in tasks]
     run = train_trl(model_path, prompts, [t.answer for t in tasks], peer_settings(cfg, episodes), budget_s=budget_s,
-                    mark_every_s=every_s, out_dir=out / "trl", reward_fn=job_reward(parts.reward, tasks), tools=tools)
+                    mark_every_s=every_s, out_dir=out / "trl",
+                    reward_fn=job_reward(parts.reward, tasks, call_format), tools=tools)
     snapshots = [Snapshot(s.train_s, s.step, s.path) for s in run.snapshots]
     return Curve("trl", snapshots, list(run.step_rewards), run.train_s, run.startup_s, list(run.step_logs))
 
@@ -280,21 +284,27 @@ def check_same_prompts(theirs: Sequence[Sequence[int]], ours: Sequence[Sequence[
     log.info("TRL peer: all %d prompts are token for token those our episodes start from", len(ours))
 
 
-def job_reward(reward: Reward, tasks: Sequence[Task]) -> Callable[..., list[float]]:
+def job_reward(reward: Reward, tasks: Sequence[Task], call_format: CallFormat | None = None) -> Callable[..., list[float]]:
     """The job's own reward in TRL's shape, so both tools train on the same scores (a tool episode's completion is
-    its messages: the final answer is graded, as our episodes' `Completion.text` is)."""
+    its messages: the final answer is graded, as our episodes' `Completion.text` is, and a reward that reads the
+    episode's turns reads them from the messages; `call_format` unwraps their tool results)."""
     from grpo_pipe.benchmarks.trl_peer import completion_text
 
+    def as_completion(completion: Any) -> Completion:
+        episode = None if isinstance(completion, str) or call_format is None else episode_log(completion, call_format)
+        return _completion(completion_text(completion), episode)
+
     def job_reward(completions: list[Any], task_index: list[int], **_: Any) -> list[float]:
-        groups = [RolloutGroup(tasks[i], (), (_completion(completion_text(c)),)) for c, i in zip(completions, task_index)]
+        groups = [RolloutGroup(tasks[i], (), (as_completion(c),)) for c, i in zip(completions, task_index)]
         return list(reward(groups).values)
 
     return job_reward
 
 
-def _completion(text: str) -> Completion:
-    """A completion as a reward reads it: its text (graders and the peer have no engine telemetry)."""
-    return Completion((), (), text, "stop", 0, RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0))
+def _completion(text: str, episode: EpisodeLog | None = None) -> Completion:
+    """A completion as a reward reads it: its text and episode (graders and the peer have no engine telemetry)."""
+    return Completion((), (), text, "stop", 0, RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0),
+                      episode=episode)
 
 
 def peer_settings(cfg: DictConfig, episodes: EpisodeRunner) -> Any:

@@ -40,7 +40,7 @@ from grpo_pipe.episodes.tool_episodes import CallFormat
 from grpo_pipe.episodes.toolbox import Tool, function_tools
 from grpo_pipe.interfaces import EpisodeRunner
 from grpo_pipe.prompts import chat_messages
-from grpo_pipe.types import Task
+from grpo_pipe.types import EpisodeLog, Task, Turn
 
 
 @runtime_checkable
@@ -238,3 +238,21 @@ def final_answer(messages: Sequence[Mapping[str, Any]]) -> str:
         return ""
     content = last.get("content")
     return content if isinstance(content, str) else ""
+
+
+def episode_log(messages: Sequence[Mapping[str, Any]], call_format: CallFormat) -> EpisodeLog:
+    """A TRL episode's completion messages as our `EpisodeLog`, tool results unwrapped from the call format's result
+    message: what a reward that reads an episode's turns (e.g. `reward=calculator_steps`) sees in ours."""
+    head, _, tail = call_format.result_message("\0")["content"].partition("\0")
+    turns: list[Turn] = []
+    for message in messages:
+        content = message.get("content")
+        text = content if isinstance(content, str) else ""
+        if message.get("role") == "tool":
+            text = text.removeprefix(head).removesuffix(tail) if text.startswith(head) and text.endswith(tail) else text
+            turns.append(Turn("tool", text, tool=message.get("name"), outcome="error" if text.startswith("error:") else "ok"))
+        elif message.get("role") == "assistant":
+            turns.append(Turn("assistant", text))
+    tool_turns = [t for t in turns if t.role == "tool"]
+    return EpisodeLog(tuple(turns), model_turns=len(turns) - len(tool_turns), tool_calls=len(tool_turns),
+                      tool_errors=sum(t.outcome == "error" for t in tool_turns), answer=final_answer(messages))

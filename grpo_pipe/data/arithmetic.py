@@ -4,6 +4,9 @@ Made for tool use: with 2-3 digit numbers and a few operations, the answer is ou
 head, and a calculator that takes one operation per call needs several calls chained. (reasoning-gym's
 `basic_arithmetic` without parentheses grades `19 + 45 - 26 * 98` left to right, as 3724: not usable here.)
 Train and eval use different seeds; an eval question that also occurs in train is dropped.
+Each task also carries `metadata["steps"]`: the value after each operation of one correct evaluation (products first,
+left to right, then sums and differences left to right; the last is the answer), for a reward that gives credit for
+the intermediate results an episode reached (`reward=calculator_steps`).
 """
 
 from __future__ import annotations
@@ -19,14 +22,26 @@ OPERATORS = ("+", "-", "*")
 
 def evaluate(numbers: Sequence[int], operators: Sequence[str]) -> int:
     """The value of `n0 op0 n1 op1 n2 ...` with `*` first, then `+` and `-` left to right."""
-    terms, signs = [numbers[0]], [1]
+    return steps(numbers, operators)[-1]
+
+
+def steps(numbers: Sequence[int], operators: Sequence[str]) -> list[int]:
+    """The value after each operation of `n0 op0 n1 op1 n2 ...`: every `*` left to right, then `+` and `-` left to
+    right; one value per operator, the last of them the expression's value."""
+    values, after = list(numbers[:1]), []
+    signs = []
     for op, number in zip(operators, numbers[1:]):
         if op == "*":
-            terms[-1] *= number
+            values[-1] *= number
+            after.append(values[-1])
         else:
-            terms.append(number)
-            signs.append(1 if op == "+" else -1)
-    return sum(sign * term for sign, term in zip(signs, terms))
+            values.append(number)
+            signs.append(op)
+    total = values[0]
+    for op, number in zip(signs, values[1:]):
+        total = total + number if op == "+" else total - number
+        after.append(total)
+    return after if after else [numbers[0]]
 
 
 class ArithmeticTasks:
@@ -73,8 +88,9 @@ class ArithmeticTasks:
             if text in seen:
                 continue
             seen.add(text)
+            values = steps(numbers, ops)
             tasks.append(Task(uid=f"arithmetic/{split}/{seed}/{len(tasks)}", question=f"Calculate {text}.",
-                              answer=str(evaluate(numbers, ops))))
+                              answer=str(values[-1]), metadata={"steps": [str(v) for v in values]}))
         return tasks
 
     def train_tasks(self) -> list[Task]:

@@ -115,3 +115,20 @@ def test_what_trls_tool_loop_cannot_mirror_is_named(tokenizer: Any) -> None:
     several.setup(tokenizer, SYSTEM, 1024)
     with pytest.raises(ConfigError, match=r"calculator\(expression\), lookup\(.*one argument, of the same name"):
         tool_peer(several, tokenizer, SYSTEM)
+
+
+def test_a_trl_episode_reads_as_ours_for_a_reward_that_reads_turns() -> None:
+    from grpo_pipe.benchmarks.trl_tools import episode_log
+    from grpo_pipe.episodes.call_formats import TagCalls
+
+    messages = [
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calculator", "arguments": {}}}]},
+        {"role": "tool", "name": "calculator", "content": "<tool_response>75</tool_response>"},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calculator", "arguments": {}}}]},
+        {"role": "tool", "name": "calculator", "content": "<tool_response>error: division by zero</tool_response>"},
+        {"role": "assistant", "content": "#### 89"},
+    ]
+    log = episode_log(messages, TagCalls())
+    assert [(t.role, t.text, t.outcome) for t in log.turns if t.role == "tool"] == [
+        ("tool", "75", "ok"), ("tool", "error: division by zero", "error")]
+    assert (log.model_turns, log.tool_calls, log.tool_errors, log.answer) == (3, 2, 1, "#### 89")

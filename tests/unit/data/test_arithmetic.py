@@ -3,7 +3,7 @@
 import pytest
 
 from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.data.arithmetic import ArithmeticTasks, evaluate
+from grpo_pipe.data.arithmetic import ArithmeticTasks, evaluate, steps
 
 
 def test_multiplication_comes_first_then_left_to_right() -> None:
@@ -29,3 +29,12 @@ def test_bad_settings_are_named() -> None:
     with pytest.raises(ConfigError) as err:
         ArithmeticTasks(terms=1, min_digits=3, max_digits=2, operators=["/"])
     assert len(err.value.problems) == 3
+
+
+def test_steps_are_the_value_after_each_operation_products_first() -> None:
+    assert steps([14, 3, 25], ["+", "*"]) == [75, 89]
+    assert steps([38, 673, 851], ["-", "+"]) == [-635, 216]
+    assert steps([47, 77, 60, 80], ["*", "+", "*"]) == [3619, 4800, 8419]
+    assert steps([12, 5], ["*"]) == [60]
+    task = ArithmeticTasks(terms=4, train_size=20, seed=2).train_tasks()[7]
+    assert len(task.metadata["steps"]) == 3 and task.metadata["steps"][-1] == task.answer
