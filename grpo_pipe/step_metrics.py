@@ -9,7 +9,7 @@ import torch
 
 from grpo_pipe.interfaces import RolloutSource
 from grpo_pipe.rollout.scheduler import covered_seconds, overlap_seconds
-from grpo_pipe.types import RewardOutput, RolloutGroup, TakenBatch
+from grpo_pipe.types import Completion, RewardOutput, RolloutGroup, TakenBatch
 
 
 def async_metrics(taken: TakenBatch, dropped: int, scheduler: RolloutSource) -> dict[str, float]:
@@ -99,10 +99,19 @@ def sample_rows(step: int, groups: Sequence[RolloutGroup], scored: RewardOutput,
                         "completion": completion.text,
                         "reward": scored.values[index],
                         "policy_version": completion.policy_version,
+                        **episode_columns(completion),
                     }
                 )
             index += 1
     return rows
+
+
+def episode_columns(completion: Completion) -> dict[str, Any]:
+    """An episode's turns as the samples table shows them (nothing for one turn): what the model did, in order."""
+    if completion.episode is None:
+        return {}
+    return {"turns": [{"role": t.role, "text": t.text, **({"tool": t.tool, "outcome": t.outcome} if t.role == "tool" else {})}
+                      for t in completion.episode.turns], "ended_by": completion.episode.ended_by}
 
 
 def quarter_summary(rewards: Sequence[float]) -> dict[str, float]:

@@ -44,6 +44,7 @@ from grpo_pipe.episodes.tool_episodes import CallFormat
 from grpo_pipe.interfaces import EpisodeRunner, Reward
 from grpo_pipe.prompts import chat_messages
 from grpo_pipe.recipe import GRPORecipe
+from grpo_pipe.step_metrics import sample_rows
 from grpo_pipe.types import Completion, EpisodeLog, RequestTelemetry, RewardOutput, RolloutGroup, SamplingSettings, Task
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ class Curve:
     train_s: float
     startup_s: float
     step_metrics: list[dict[str, float]] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)  # a few sampled completions (episodes) of each step
     accuracy: list[float] = field(default_factory=list)  # per snapshot, filled by `grade_curve`
     sampled: dict[int, float] = field(default_factory=dict)  # snapshot index -> sampled accuracy (first and last)
 
@@ -114,7 +116,7 @@ def train_ours(parts: Components, cfg: DictConfig, budget_s: float, every_s: flo
     finally:
         recipe.cleanup()
     rewards = [m["train/reward/mean"] for m in step_metrics]
-    return Curve("grpo_pipe", snapshots, rewards, train_s, startup_s, step_metrics)
+    return Curve("grpo_pipe", snapshots, rewards, train_s, startup_s, step_metrics, list(recipe.recorder.table))
 
 
 def snapshot_writer(parts: Components, folder: Path) -> Callable[[float, int], Snapshot]:
@@ -268,11 +270,12 @@ def train_peer(parts: Components, cfg: DictConfig, model_path: Path, budget_s: f
                            [episodes.render_prompt(t) for t in tasks])
     else:
         tools, prompts = None, [render_text(tokenizer, system_prompt, t) for t in tasks]
+    samples: list[dict[str, Any]] = []
     run = train_trl(model_path, prompts, [t.answer for t in tasks], peer_settings(cfg, episodes), budget_s=budget_s,
                     mark_every_s=every_s, out_dir=out / "trl",
-                    reward_fn=job_reward(parts.reward, tasks, call_format), tools=tools)
+                    reward_fn=job_reward(parts.reward, tasks, call_format, samples), tools=tools)
     snapshots = [Snapshot(s.train_s, s.step, s.path) for s in run.snapshots]
-    return Curve("trl", snapshots, list(run.step_rewards), run.train_s, run.startup_s, list(run.step_logs))
+    return Curve("trl", snapshots, list(run.step_rewards), run.train_s, run.startup_s, list(run.step_logs), samples)
 
 
 def check_same_prompts(theirs: Sequence[Sequence[int]], ours: Sequence[Sequence[int]]) -> None:
@@ -284,19 +287,27 @@ def check_same_prompts(theirs: Sequence[Sequence[int]], ours: Sequence[Sequence[
     log.info("TRL peer: all %d prompts are token for token those our episodes start from", len(ours))
 
 
-def job_reward(reward: Reward, tasks: Sequence[Task], call_format: CallFormat | None = None) -> Callable[..., list[float]]:
+def job_reward(reward: Reward, tasks: Sequence[Task], call_format: CallFormat | None = None,
+               samples: list[dict[str, Any]] | None = None, keep: int = 16) -> Callable[..., list[float]]:
     """The job's own reward in TRL's shape, so both tools train on the same scores (a tool episode's completion is
     its messages: the final answer is graded, as our episodes' `Completion.text` is, and a reward that reads the
-    episode's turns reads them from the messages; `call_format` unwraps their tool results)."""
+    episode's turns reads them from the messages; `call_format` unwraps their tool results). The first `keep`
+    completions of each call go to `samples`, in the rows of our own samples table."""
     from grpo_pipe.benchmarks.trl_peer import completion_text
 
     def as_completion(completion: Any) -> Completion:
         episode = None if isinstance(completion, str) or call_format is None else episode_log(completion, call_format)
         return _completion(completion_text(completion), episode)
 
+    calls = [0]  # TRL scores one generation batch per call: the row's "step" counts calls
+
     def job_reward(completions: list[Any], task_index: list[int], **_: Any) -> list[float]:
         groups = [RolloutGroup(tasks[i], (), (as_completion(c),)) for c, i in zip(completions, task_index)]
-        return list(reward(groups).values)
+        scored = reward(groups)
+        calls[0] += 1
+        if samples is not None:
+            samples.extend(sample_rows(calls[0], groups, scored, keep))
+        return list(scored.values)
 
     return job_reward
 
@@ -407,6 +418,7 @@ def main() -> None:
     if args.json:
         payload = {"overrides": args.overrides, "minutes": args.minutes, "summary": summary,
                    "step_metrics": {c.tool: c.step_metrics for c in curves},
+                   "samples": {c.tool: c.samples for c in curves},
                    "snapshots": {c.tool: [asdict(s) | {"path": str(s.path)} for s in c.snapshots] for c in curves}}
         args.json.write_text(json.dumps(payload, indent=2, default=str))
 

@@ -30,6 +30,10 @@ def test_a_tool_job_beside_trl_grades_the_episodes_of_both(tmp_path: Path) -> No
     payload = json.loads(out.read_text())
     summary = payload["summary"]
     assert all("tools/call_frequency" in log for log in payload["step_metrics"]["trl"])
+    for tool in ("grpo_pipe", "trl"):  # each step's first episodes, turn by turn, for a person to read
+        rows = payload["samples"][tool]
+        assert rows and all(row["turns"][0]["role"] == "assistant" for row in rows), tool
+        assert {row["step"] for row in rows} >= {1}, tool
     for tool in ("grpo_pipe", "trl"):
         row = summary[tool]
         assert all(0.0 <= point["accuracy"] <= 1.0 for point in row["curve"]) and len(row["curve"]) >= 2
