@@ -251,8 +251,22 @@ def episode_log(messages: Sequence[Mapping[str, Any]], call_format: CallFormat) 
         if message.get("role") == "tool":
             text = text.removeprefix(head).removesuffix(tail) if text.startswith(head) and text.endswith(tail) else text
             turns.append(Turn("tool", text, tool=message.get("name"), outcome="error" if text.startswith("error:") else "ok"))
-        elif message.get("role") == "assistant":
-            turns.append(Turn("assistant", text))
+        elif message.get("role") == "assistant":  # TRL keeps a turn's calls apart from its text: show them as written
+            calls = "".join(_written_call(call) for call in message.get("tool_calls") or [])
+            turns.append(Turn("assistant", calls + text if calls else text, tool=_called_name(message)))
     tool_turns = [t for t in turns if t.role == "tool"]
     return EpisodeLog(tuple(turns), model_turns=len(turns) - len(tool_turns), tool_calls=len(tool_turns),
                       tool_errors=sum(t.outcome == "error" for t in tool_turns), answer=final_answer(messages))
+
+
+def _written_call(call: Mapping[str, Any]) -> str:
+    function = call.get("function", call)
+    arguments = function.get("arguments")
+    argument = (next(iter(arguments.values())) if isinstance(arguments, Mapping) and len(arguments) == 1
+                else json.dumps(arguments) if not isinstance(arguments, str) else arguments)
+    return f"<{function.get('name')}>{argument}</{function.get('name')}>"
+
+
+def _called_name(message: Mapping[str, Any]) -> str | None:
+    calls = message.get("tool_calls") or []
+    return calls[0].get("function", calls[0]).get("name") if calls else None

@@ -122,7 +122,8 @@ def test_a_trl_episode_reads_as_ours_for_a_reward_that_reads_turns() -> None:
     from grpo_pipe.episodes.call_formats import TagCalls
 
     messages = [
-        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calculator", "arguments": {}}}]},
+        {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calculator",
+                                                                          "arguments": {"expression": "3 * 25"}}}]},
         {"role": "tool", "name": "calculator", "content": "<tool_response>75</tool_response>"},
         {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calculator", "arguments": {}}}]},
         {"role": "tool", "name": "calculator", "content": "<tool_response>error: division by zero</tool_response>"},
@@ -132,3 +133,4 @@ def test_a_trl_episode_reads_as_ours_for_a_reward_that_reads_turns() -> None:
     assert [(t.role, t.text, t.outcome) for t in log.turns if t.role == "tool"] == [
         ("tool", "75", "ok"), ("tool", "error: division by zero", "error")]
     assert (log.model_turns, log.tool_calls, log.tool_errors, log.answer) == (3, 2, 1, "#### 89")
+    assert log.turns[0].text == "<calculator>3 * 25</calculator>" and log.turns[0].tool == "calculator"
