@@ -88,3 +88,10 @@ def test_the_bridge_list_is_the_config_group() -> None:
 
     assert configured_bridges() == [o for g, o in OPTIONS if g == "weight_bridge"]
     assert {"reload", "lora", "nccl", "checkpoint", "ipc"} <= set(configured_bridges())
+
+
+def test_the_ipc_bridge_trains_in_the_engines_dtype_unless_told_otherwise(compose_cfg) -> None:
+    # One shared copy of the weights: `weight_bridge=ipc` alone is a complete choice in a sweep.
+    assert compose_cfg(["weight_bridge=ipc"]).trainer.dtype == "bfloat16"
+    assert compose_cfg(["weight_bridge=ipc", "trainer.dtype=float32"]).trainer.dtype == "float32"
+    assert compose_cfg(["weight_bridge=reload"]).trainer.dtype == compose_cfg([]).trainer.dtype
