@@ -67,8 +67,9 @@ def rollout_metrics(groups: Sequence[RolloutGroup], gen_s: float) -> dict[str, f
         "rollout/tokens_on_newer_weights_fraction": sum(
             len(c.token_ids) - c.version_switches[0][0] for c in completions if c.version_switches
         ) / max(tokens, 1),
-        "rollout/cached_prompt_fraction": sum(g.completions[0].telemetry.cached_prompt_tokens for g in groups)
-        / max(sum(len(g.prompt_token_ids) for g in groups), 1),
+        # Of the prompt tokens the engine read (an episode's every turn re-reads its history), the prefix cache's share.
+        "rollout/cached_prompt_fraction": sum(c.telemetry.cached_prompt_tokens for c in completions)
+        / max(sum(c.telemetry.prompt_tokens or len(g.prompt_token_ids) for g in groups for c in g.completions), 1),
     }
 
 

@@ -75,7 +75,8 @@ class _Episode:
     tool_errors: int = 0
     tool_timeouts: int = 0
     tool_s: float = 0.0
-    cached_tokens: int = 0
+    fed_tokens: int = 0  # prompt tokens of every turn's request (the prompt and the history so far)
+    cached_tokens: int = 0  # of those, served from the prefix cache
     last_finish: str = "stop"
     ended_by: str | None = None
     answer: str = ""
@@ -131,6 +132,7 @@ class ToolEpisodes:
         self._system_prompt = ""
         self._closed = threading.Event()
         self._last_job: Future[GeneratedBatch] | None = None
+        self._warned_reset_reply = False
 
     # -- set-up -----------------------------------------------------------------------------------
 
@@ -245,6 +247,11 @@ class ToolEpisodes:
         except Exception as err:  # the user's environment: a failed reset ends this episode, counted, not the run
             log.warning("environment reset failed for task %s: %s: %s", task.uid, type(err).__name__, err)
             tools = None
+        if tools is not None and tools.reset_reply is not None and not self._warned_reset_reply:
+            self._warned_reset_reply = True
+            log.warning("%s.reset() returned %r: the model does not see it (the prompt is the task's question, rendered "
+                        "before the episode starts); put what it should read in the task", self.environment_class,
+                        str(tools.reset_reply)[:80])
         episode = _Episode(prompt, tools)
         self._append_model_turn(episode, first)
         if tools is None:
@@ -263,6 +270,7 @@ class ToolEpisodes:
         episode.logprobs += turn.logprobs
         episode.sampled += [True] * len(turn.token_ids)
         episode.model_turns += 1
+        episode.fed_tokens += turn.telemetry.prompt_tokens or len(episode.prompt) + offset
         episode.cached_tokens += turn.telemetry.cached_prompt_tokens
         episode.last_finish = turn.finish_reason
         text = self._decode(turn.token_ids)
@@ -326,7 +334,9 @@ class ToolEpisodes:
             tool_errors=episode.tool_errors, tool_timeouts=episode.tool_timeouts, tool_s=episode.tool_s,
             environment_tokens=environment_tokens, ended_by=ended_by, environment_reward=reward, answer=episode.answer,
         )
-        telemetry = RequestTelemetry(prompt_tokens=len(episode.prompt), generated_tokens=sum(episode.sampled),
+        # prompt_tokens: what the engine read for this episode, every turn's history included (a cost, and the base
+        # of the prefix cache's share)
+        telemetry = RequestTelemetry(prompt_tokens=episode.fed_tokens, generated_tokens=sum(episode.sampled),
                                      cached_prompt_tokens=episode.cached_tokens)
         return Completion(
             token_ids=tuple(episode.tokens), logprobs=tuple(episode.logprobs), text=episode.answer,

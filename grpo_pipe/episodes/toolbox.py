@@ -167,6 +167,9 @@ class EpisodeTools:
     def __init__(self, tools: Mapping[str, Callable[..., Any]], instance: Any = None) -> None:
         self.tools = dict(tools)
         self.instance = instance  # the environment object of this episode (None for plain functions)
+        # What `reset(task)` returned: the prompt was rendered from the task before the episode started, so the model
+        # never sees it (TRL appends a returned string to the prompt); the runner warns once when it is not None.
+        self.reset_reply: Any = None
 
     @property
     def done(self) -> bool:
@@ -187,5 +190,6 @@ class EpisodeTools:
 def start_environment(cls: type, methods: Mapping[str, Callable[..., Any]], task: Task) -> EpisodeTools:
     """A fresh environment instance for one episode, reset with its task; its tools bound to it."""
     instance = cls()
-    instance.reset(task)
-    return EpisodeTools({name: getattr(instance, name) for name in methods}, instance)
+    tools = EpisodeTools({name: getattr(instance, name) for name in methods}, instance)
+    tools.reset_reply = instance.reset(task)
+    return tools

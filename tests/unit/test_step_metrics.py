@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpo_pipe.step_metrics import sample_rows
+from grpo_pipe.step_metrics import rollout_metrics, sample_rows
 from grpo_pipe.types import Completion, EpisodeLog, RequestTelemetry, RewardOutput, RolloutGroup, Task, Turn
 
 TELEMETRY = RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0)
@@ -22,3 +22,11 @@ def test_rows_keep_the_first_completions_and_show_an_episode_turn_by_turn() -> N
         {"role": "assistant", "text": "#### 75"},
     ]
     assert rows[0]["ended_by"] == "answer" and "turns" not in rows[1]
+
+
+def test_the_cached_share_of_episodes_is_of_every_turns_prompt() -> None:
+    """An episode's turns re-read its history; what the cache served is a share of all the tokens read, never above 1."""
+    read = RequestTelemetry(prompt_tokens=10 + 30 + 50, generated_tokens=9, cached_prompt_tokens=0 + 28 + 48)
+    episode = Completion((1,) * 9, (0.0,) * 9, "", "stop", 0, read, episode=EpisodeLog((), model_turns=3, tool_calls=2))
+    groups = [RolloutGroup(Task("t/1", "q", "1"), (0,) * 10, (episode, episode))]
+    assert rollout_metrics(groups, 1.0)["rollout/cached_prompt_fraction"] == 76 / 90

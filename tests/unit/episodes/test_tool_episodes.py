@@ -88,6 +88,9 @@ def test_the_users_environment_runs_the_episode_says_when_it_is_done_and_scores_
     assert completion.loss_mask == tuple([True] * 12 + [False] * len(glue) + [True] * 12 + [False] * len(glue))
     group = RolloutGroup(Task("t", "q", "4"), (), (completion,))
     assert EnvironmentReward()([group]).values == [1.0]
+    # What the engine read: the prompt for turn one, the prompt and turn one's tokens for turn two.
+    prompt = len(_episodes().render_prompt(Task("t", "Reach the target.", "4")))
+    assert completion.telemetry.prompt_tokens == prompt + prompt + 12 + len(glue)
 
 
 def test_limits_end_episodes_and_are_counted() -> None:
@@ -115,6 +118,15 @@ def test_an_environment_that_fails_to_start_ends_only_its_episode() -> None:
     episode = completion.episode
     assert episode is not None and episode.ended_by == "environment_error" and episode.tool_errors == 1
     assert episode.model_turns == 1 and episode.environment_reward is None
+
+
+def test_text_that_reset_returns_is_not_shown_and_the_run_warns_once(caplog) -> None:
+    episodes = _episodes(environment_class="tests/fixtures/environments/greeting.py:Greeting")
+    for _ in range(2):
+        completion = _run(episodes, lambda conversation: "<add>1</add>")
+        assert "Welcome" not in "".join(map(chr, completion.token_ids))
+    warnings = [r.getMessage() for r in caplog.records if "reset() returned" in r.getMessage()]
+    assert len(warnings) == 1 and "Welcome" in warnings[0] and "put what it should read in the task" in warnings[0]
 
 
 def test_episodes_in_the_background_give_what_they_give_in_place() -> None:
