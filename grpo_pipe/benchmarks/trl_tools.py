@@ -36,10 +36,9 @@ from typing import Any, Protocol, runtime_checkable
 
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.episodes.calling import Call, call_all
-from grpo_pipe.episodes.tool_episodes import CallFormat
+from grpo_pipe.episodes.tool_episodes import CallFormat, episode_messages, with_instructions
 from grpo_pipe.episodes.toolbox import Tool, function_tools
 from grpo_pipe.interfaces import EpisodeRunner
-from grpo_pipe.prompts import chat_messages
 from grpo_pipe.types import EpisodeLog, Task, Turn
 
 
@@ -124,10 +123,7 @@ class ToolPeer:
 
     def conversation(self, task: Task) -> list[dict[str, str]]:
         """The task's prompt as messages, exactly as `ToolEpisodes.render_prompt` builds them before rendering."""
-        messages = chat_messages(self.system_prompt, task)
-        at = 1 if messages and messages[0]["role"] == "system" else 0
-        messages[at:at] = [dict(m) for m in self.demonstration]
-        return messages
+        return episode_messages(self.system_prompt, self.demonstration, task)
 
     def tokenizer(self, model_path: Path) -> Any:
         """The model's tokenizer with the tool chat template and the response template (TRL's `processing_class`)."""
@@ -158,7 +154,7 @@ def tool_peer(episodes: ToolEpisodeRunner, tokenizer: Any, system_prompt: str) -
         functions=[trl_function(tool, callables[tool.name], episodes) for tool in episodes.tools],
         chat_template=tool_chat_template(tokenizer),
         response_template=response_template([t.name for t in episodes.tools], parameter, tokenizer.eos_token),
-        system_prompt="\n\n".join(part for part in (system_prompt, instructions) if part),
+        system_prompt=with_instructions(system_prompt, instructions),
         demonstration=[dict(m) for m in episodes.demonstration],
     )
 

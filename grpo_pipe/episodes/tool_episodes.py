@@ -164,7 +164,7 @@ class ToolEpisodes:
         self._load_tools()
         self._tokenizer = tokenizer
         instructions = self.call_format.instructions(self.tools)
-        self._system_prompt = "\n\n".join(part for part in (system_prompt, instructions) if part)
+        self._system_prompt = with_instructions(system_prompt, instructions)
         self._glue = ChatGlue(tokenizer, self._system_prompt)
         self._glue.after_turn(self.call_format.result_message("0"), model_ended_turn=False)  # the template can do it
 
@@ -174,9 +174,7 @@ class ToolEpisodes:
     def render_prompt(self, task: Task) -> tuple[int, ...]:
         if self._tokenizer is None:
             raise RuntimeError("environment used before setup()")
-        messages = chat_messages(self._system_prompt, task)
-        at = 1 if messages and messages[0]["role"] == "system" else 0
-        messages[at:at] = self.demonstration
+        messages = episode_messages(self._system_prompt, self.demonstration, task)
         schemas = [tool.schema for tool in self.tools] if self.call_format.template_renders_tools else None
         text = self._tokenizer.apply_chat_template(messages, tools=schemas, add_generation_prompt=True, tokenize=False)
         return tuple(self._tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -347,6 +345,19 @@ class ToolEpisodes:
 
     def _decode(self, token_ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+
+def with_instructions(system_prompt: str, instructions: str) -> str:
+    """The system prompt of tool episodes: the job's own, then the call format's description of the tools."""
+    return "\n\n".join(part for part in (system_prompt, instructions) if part)
+
+
+def episode_messages(system_prompt: str, demonstration: Sequence[Mapping[str, str]], task: Task) -> list[dict[str, str]]:
+    """An episode's prompt as messages: the system prompt, the worked example, then the task."""
+    messages = chat_messages(system_prompt, task)
+    at = 1 if messages and messages[0]["role"] == "system" else 0
+    messages[at:at] = [dict(m) for m in demonstration]
+    return messages
 
 
 @dataclass(frozen=True)

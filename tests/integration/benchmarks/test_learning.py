@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_pipe.benchmarks.learning import Marks
+from grpo_pipe.benchmarks.curves import Marks
 from tests.conftest import REPO, TINY
 
 

@@ -11,8 +11,9 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from grpo_pipe.benchmarks.curves import Curve, Snapshot
 from grpo_pipe.benchmarks.hf_engine import HFEngine
-from grpo_pipe.benchmarks.learning import Curve, Grader, Snapshot, grade_curve
+from grpo_pipe.benchmarks.learning import Grader, grade_curve
 from grpo_pipe.episodes.tool_episodes import ToolEpisodes
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.prompts import render_prompt
