@@ -5,6 +5,7 @@ Each one is the least that satisfies its Protocol and records what the recipe as
 from __future__ import annotations
 
 import functools
+import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -296,3 +297,28 @@ def fake_components(
         logger=ListTracker(),
         checkpoint=store,
     )
+
+
+class GatedEngine:
+    """Answers each prompt with its tokens reversed, cut at its budget; the first call waits for `gate`."""
+
+    def __init__(self) -> None:
+        self.served_version = 3
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+        self.calls: list[tuple[list[tuple[int, ...]], SamplingSettings]] = []
+        self.fail = False
+
+    def generate(self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings
+                 ) -> list[list[Completion]]:
+        self.calls.append(([tuple(p) for p in prompts], sampling))
+        self.entered.set()
+        self.gate.wait()
+        if self.fail:
+            raise RuntimeError("engine died")
+        return [[self._answer(p, sampling.max_tokens_of(i)) for _ in range(n)]
+                for i, (p, n) in enumerate(zip(prompts, samples))]
+
+    def _answer(self, prompt: Sequence[int], budget: int) -> Completion:
+        ids = tuple(reversed(prompt))[:budget]
+        return Completion(ids, (-0.5,) * len(ids), "", "stop", self.served_version, RequestTelemetry(len(prompt), len(ids), 0))

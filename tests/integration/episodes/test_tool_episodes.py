@@ -19,6 +19,7 @@ from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.pipeline import JobContext, run
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.types import SamplingSettings, Task
+from tests.engine_scoring import engine_logprobs
 from tests.fixtures.call_formats import EveryTurnCalls
 from tests.other_weights import other_weights
 
@@ -69,7 +70,7 @@ def test_a_two_turn_episode_trains_on_exactly_the_engines_tokens(engine: VllmEng
         assert completion.token_ids[first_turn : first_turn + len(glue)] == glue  # what the engine was fed next
         # The engine's own log-probs of every model token, recomputed from the whole sequence as the trainer sees it:
         # the same numbers, so the engine sampled these tokens after exactly these tokens.
-        rescored = _prompt_logprobs(engine, prompt, completion.token_ids)
+        rescored = engine_logprobs(engine, prompt, completion.token_ids)
         sampled = [(lp, again) for lp, again, own in zip(completion.logprobs, rescored, mask) if own]
         assert all(math.isclose(lp, again, abs_tol=1e-4) for lp, again in sampled), sampled
         assert all(lp == 0.0 for lp, own in zip(completion.logprobs, mask) if not own)
@@ -84,17 +85,6 @@ def test_a_two_turn_episode_trains_on_exactly_the_engines_tokens(engine: VllmEng
     trainer_lp = logits.gather(-1, torch.tensor(completion.token_ids).unsqueeze(-1)).squeeze(-1)
     own = torch.tensor(completion.loss_mask)
     assert torch.allclose(trainer_lp[own], torch.tensor(completion.logprobs)[own], atol=1e-4)
-
-
-def _prompt_logprobs(engine: VllmEngine, prompt: tuple[int, ...], completion: tuple[int, ...]) -> list[float]:
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    tokens = list(prompt + completion)
-    out = engine.llm.generate([TokensPrompt(prompt_token_ids=tokens)],
-                              SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0), use_tqdm=False)[0]
-    entries = out.prompt_logprobs[len(prompt):]
-    return [float(entry[token].logprob) for entry, token in zip(entries, completion)]
 
 
 def test_a_sync_between_two_turns_gives_the_second_turn_the_new_version(

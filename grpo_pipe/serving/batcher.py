@@ -1,0 +1,130 @@
+"""Requests that arrive one by one over HTTP, served by the engine in batches.
+
+An environment process sends its requests one prompt at a time, many at once. Sending each to the engine on its own
+would serve them one after another; instead one worker thread takes every request waiting when the engine is free,
+groups the ones with the same sampling settings, and sends each group as one engine call (each prompt with its own
+token budget). Requests that arrive while the engine is busy wait for the next round: the engine is never idle while
+work waits, and calls still reach it in order, one at a time, as `RolloutEngine` requires.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from grpo_pipe.interfaces import RolloutEngine
+from grpo_pipe.types import Completion, SamplingSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SamplingKey:
+    """What requests must share to go to the engine in one call (everything but the token budget and the seed)."""
+
+    temperature: float
+    top_p: float
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class Request:
+    """One prompt and how many samples of it; its future resolves to those samples."""
+
+    prompt: tuple[int, ...]
+    samples: int
+    max_tokens: int
+    key: SamplingKey
+    seed: int | None = None
+    done: Future[list[Completion]] = field(default_factory=Future)
+
+
+class RequestBatcher:
+    """Feeds the engine from a queue of single requests, one batched call per round and sampling key."""
+
+    def __init__(self, engine: RolloutEngine, max_prompts_per_call: int = 1024) -> None:
+        self.engine = engine
+        self.max_prompts_per_call = max_prompts_per_call
+        self.engine_calls = 0  # rounds sent to the engine (each one `generate` call)
+        self._queue: deque[Request] = deque()
+        self._wake = threading.Condition()
+        self._closed = False
+        self._worker = threading.Thread(target=self._serve, name="grpo-endpoint-batcher", daemon=True)
+        self._worker.start()
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued for the next round."""
+        with self._wake:
+            return len(self._queue)
+
+    def submit(self, request: Request) -> Future[list[Completion]]:
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("the endpoint is shutting down")
+            self._queue.append(request)
+            self._wake.notify()
+        return request.done
+
+    def close(self) -> None:
+        """Stop taking requests; those still queued fail with a clear error, the round in flight finishes."""
+        with self._wake:
+            self._closed = True
+            pending, self._queue = list(self._queue), deque()
+            self._wake.notify()
+        for request in pending:
+            request.done.set_exception(RuntimeError("the endpoint shut down before this request was served"))
+        self._worker.join(timeout=5)
+
+    def _serve(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_prompts_per_call))]
+            for key, requests in _by_key(batch).items():
+                self._run(key, requests)
+
+    def _run(self, key: SamplingKey, requests: Sequence[Request]) -> None:
+        # A seeded request is sampled alone, so its samples depend on its seed and not on what else was waiting.
+        unseeded = [r for r in requests if r.seed is None]
+        groups = ([unseeded] if unseeded else []) + [[r] for r in requests if r.seed is not None]
+        for group in groups:
+            sampling = _sampling(key, group)
+            try:
+                self.engine_calls += 1
+                outputs = self.engine.generate([r.prompt for r in group], [r.samples for r in group], sampling)
+            except Exception as err:  # the engine's failure is every waiting request's answer, not the server's end
+                log.warning("endpoint: an engine call of %d requests failed: %s: %s", len(group), type(err).__name__, err)
+                for request in group:
+                    request.done.set_exception(err)
+                continue
+            for request, output in zip(group, outputs):
+                request.done.set_result(list(output))
+
+
+def _by_key(requests: Sequence[Request]) -> dict[SamplingKey, list[Request]]:
+    groups: dict[SamplingKey, list[Request]] = {}
+    for request in requests:
+        groups.setdefault(request.key, []).append(request)
+    return groups
+
+
+def _sampling(key: SamplingKey, requests: Sequence[Request]) -> SamplingSettings:
+    extra: dict[str, Any] = {}
+    if key.stop:
+        extra["stop"] = list(key.stop)
+    if key.stop_token_ids:
+        extra["stop_token_ids"] = list(key.stop_token_ids)
+    budgets = tuple(r.max_tokens for r in requests)
+    base = SamplingSettings(temperature=key.temperature, top_p=key.top_p, max_tokens=max(budgets),
+                            seed=requests[0].seed, extra=extra)
+    return replace(base, max_tokens_each=budgets)

@@ -1,0 +1,235 @@
+"""The engine behind the HTTP routes that environment processes call: OpenAI's completions and chat completions, and
+vLLM's own `/generate` (what `atroposlib`'s `vllm` server type calls for token ids and log-probs).
+
+Every answer carries the tokens exactly as the engine sampled them (`token_ids`, and `prompt_token_ids` as vLLM's
+`return_token_ids` gives them), their log-probs, and the policy version that sampled them (`policy_version`, with
+`version_switches` where a sync landed mid-sample), so a trainer never has to re-tokenise text that came back over
+HTTP. Log-probs are the sampled token's only: a request for top alternatives gets that one entry (the engine computes
+no others). Every route wants `Authorization: Bearer <token>`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from grpo_pipe.serving.batcher import Request as EngineRequest
+from grpo_pipe.serving.batcher import RequestBatcher, SamplingKey
+from grpo_pipe.types import Completion
+
+MAX_SAMPLES = 256  # n per request: an environment's group, with room to spare
+
+
+class SamplingFields(BaseModel):
+    """What every generation request may set (other fields, e.g. `model` or `user`, are accepted and ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    n: int = Field(1, ge=1, le=MAX_SAMPLES)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)  # the chat API's newer name
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    stream: bool = False
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[int] | list[str | list[int]]  # one prompt, or several (text or token ids)
+    logprobs: int | None = None
+
+
+class ChatRequest(SamplingFields):
+    messages: list[dict[str, Any]]
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+
+
+class GenerateRequest(SamplingFields):
+    """vLLM's `/generate`: `{"prompt": {"prompt_token_ids": [...]}}` or a text prompt, and sampling parameters."""
+
+    prompt: str | dict[str, list[int]]
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the routes need besides the engine: the model's name and tokenizer, and the engine's limits."""
+
+    name: str
+    tokenizer: Any
+    max_model_len: int
+    vocab_size: int
+    default_max_tokens: int = 256
+
+
+class BadRequest(Exception):
+    """A request the endpoint refuses (HTTP 400), with what was wrong."""
+
+
+def build_app(batcher: RequestBatcher, model: ServedModel, token: str, timeout_s: float = 600.0) -> FastAPI:
+    """The FastAPI app; `token` is the bearer token every route wants."""
+    app = FastAPI(title="grpo_pipe engine endpoint", docs_url=None, redoc_url=None, openapi_url=None)
+    auth = _bearer(token)
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(_: Request, err: BadRequest) -> JSONResponse:
+        return JSONResponse(status_code=400, content={"error": {"message": str(err), "type": "invalid_request_error",
+                                                                "code": 400}})
+
+    @app.get("/health", dependencies=[Depends(auth)])
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/v1/models", dependencies=[Depends(auth)])
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model.name, "object": "model", "owned_by": "grpo_pipe",
+                                            "max_model_len": model.max_model_len}]}
+
+    @app.post("/v1/completions", dependencies=[Depends(auth)])
+    async def completions(body: CompletionRequest) -> dict[str, Any]:
+        prompts = [_checked(model, ids, body) for ids in _completion_prompts(model, body.prompt)]
+        outputs = await asyncio.gather(*[_generate(batcher, model, ids, body, timeout_s) for ids in prompts])
+        choices = [_completion_choice(model, i * body.n + j, ids, c, body.logprobs)
+                   for i, (ids, samples) in enumerate(zip(prompts, outputs)) for j, c in enumerate(samples)]
+        return _envelope("text_completion", model, choices, prompts)
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(auth)])
+    async def chat(body: ChatRequest) -> dict[str, Any]:
+        ids = _checked(model, _chat_prompt(model, body), body)
+        samples = await _generate(batcher, model, ids, body, timeout_s)
+        choices = [_chat_choice(model, j, c, body.logprobs) for j, c in enumerate(samples)]
+        return {**_envelope("chat.completion", model, choices, [ids]), "prompt_token_ids": list(ids)}
+
+    @app.post("/generate", dependencies=[Depends(auth)])
+    async def generate(body: GenerateRequest) -> dict[str, Any]:
+        raw = body.prompt if isinstance(body.prompt, str) else body.prompt.get("prompt_token_ids")
+        if raw is None:
+            raise BadRequest("prompt: give text or {'prompt_token_ids': [...]}")
+        ids = _checked(model, _encode(model, raw) if isinstance(raw, str) else tuple(raw), body)
+        samples = await _generate(batcher, model, ids, body, timeout_s)
+        return {
+            "text": [c.text for c in samples],
+            "token_ids": [list(c.token_ids) for c in samples],
+            # per sample, per token: [{"<token id>": log-prob}], the shape vLLM's /generate gives and atroposlib reads
+            "logprobs": [[[{str(t): lp}] for t, lp in zip(c.token_ids, c.logprobs)] for c in samples],
+            "finish_reasons": [c.finish_reason for c in samples],
+            "prompt_token_ids": list(ids),
+            "policy_versions": [c.policy_version for c in samples],
+        }
+
+    return app
+
+
+def new_token() -> str:
+    """A bearer token for one run: 32 random bytes, URL-safe."""
+    return secrets.token_urlsafe(32)
+
+
+def _bearer(token: str) -> Any:
+    expected = f"Bearer {token}"
+
+    async def check(authorization: str | None = Header(None)) -> None:
+        if authorization is None or not secrets.compare_digest(authorization.encode(), expected.encode()):
+            raise HTTPException(status_code=401, detail="missing or wrong bearer token (Authorization: Bearer <token>)")
+
+    return check
+
+
+def _completion_prompts(model: ServedModel, prompt: str | list[int] | list[str | list[int]]) -> list[tuple[int, ...]]:
+    if isinstance(prompt, str):
+        return [_encode(model, prompt)]
+    if not prompt:
+        raise BadRequest("prompt: empty")
+    if all(isinstance(p, int) for p in prompt):
+        return [tuple(prompt)]  # type: ignore[arg-type]
+    return [_encode(model, p) if isinstance(p, str) else tuple(p) for p in prompt]  # type: ignore[arg-type]
+
+
+def _encode(model: ServedModel, text: str) -> tuple[int, ...]:
+    return tuple(model.tokenizer(text)["input_ids"])  # special tokens as the model adds them, as vLLM's server does
+
+
+def _chat_prompt(model: ServedModel, body: ChatRequest) -> tuple[int, ...]:
+    try:
+        text = model.tokenizer.apply_chat_template(body.messages, tools=body.tools, add_generation_prompt=True,
+                                                   tokenize=False)
+    except Exception as err:  # the template's own complaint about these messages
+        raise BadRequest(f"messages: the chat template cannot render them: {err}") from err
+    return tuple(model.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _checked(model: ServedModel, ids: tuple[int, ...], body: SamplingFields) -> tuple[int, ...]:
+    if body.stream:
+        raise BadRequest("stream: streaming is not served; ask for the whole answer")
+    if not ids:
+        raise BadRequest("prompt: no tokens")
+    outside = [t for t in ids if not 0 <= t < model.vocab_size]
+    if outside:
+        raise BadRequest(f"prompt: token ids outside the vocabulary (0..{model.vocab_size - 1}): {outside[:5]}")
+    budget = _max_tokens(model, body)
+    if len(ids) + budget > model.max_model_len:
+        raise BadRequest(f"prompt of {len(ids)} tokens + max_tokens {budget} is more than the model's "
+                         f"{model.max_model_len}; shorten the prompt or lower max_tokens")
+    return ids
+
+
+def _max_tokens(model: ServedModel, body: SamplingFields) -> int:
+    return body.max_completion_tokens or body.max_tokens or model.default_max_tokens
+
+
+async def _generate(batcher: RequestBatcher, model: ServedModel, ids: tuple[int, ...], body: SamplingFields,
+                    timeout_s: float) -> list[Completion]:
+    stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    key = SamplingKey(body.temperature, body.top_p, tuple(stop), tuple(body.stop_token_ids or ()))
+    request = EngineRequest(ids, body.n, _max_tokens(model, body), key, body.seed)
+    return await asyncio.wait_for(asyncio.wrap_future(batcher.submit(request)), timeout_s)
+
+
+def _completion_choice(model: ServedModel, index: int, prompt: Sequence[int], c: Completion,
+                       logprobs: int | None) -> dict[str, Any]:
+    pieces = [model.tokenizer.decode([t]) for t in c.token_ids]
+    choice: dict[str, Any] = {"index": index, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}
+    if logprobs is not None:
+        offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+        choice["logprobs"] = {"tokens": pieces, "token_logprobs": list(c.logprobs),
+                              "top_logprobs": [{p: lp} for p, lp in zip(pieces, c.logprobs)], "text_offset": offsets}
+    return {**choice, **_provenance(c), "prompt_token_ids": list(prompt)}
+
+
+def _chat_choice(model: ServedModel, index: int, c: Completion, logprobs: bool) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": index, "message": {"role": "assistant", "content": c.text},
+                              "finish_reason": c.finish_reason, "logprobs": None}
+    if logprobs:
+        pieces = [model.tokenizer.decode([t]) for t in c.token_ids]
+        choice["logprobs"] = {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
+                                          for p, lp in zip(pieces, c.logprobs)]}
+    return {**choice, **_provenance(c)}
+
+
+def _provenance(c: Completion) -> dict[str, Any]:
+    """The engine's own tokens and the policy that sampled them."""
+    return {"token_ids": list(c.token_ids), "policy_version": c.policy_version,
+            "version_switches": [list(s) for s in c.version_switches]}
+
+
+def _envelope(kind: str, model: ServedModel, choices: list[dict[str, Any]], prompts: Sequence[Sequence[int]]
+              ) -> dict[str, Any]:
+    generated = sum(len(c["token_ids"]) for c in choices)
+    prompt_tokens = sum(len(p) for p in prompts)
+    return {"id": f"{'chatcmpl' if kind.startswith('chat') else 'cmpl'}-{uuid.uuid4().hex}", "object": kind,
+            "created": int(time.time()), "model": model.name, "choices": choices,
+            "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": generated,
+                      "total_tokens": prompt_tokens + generated}}
