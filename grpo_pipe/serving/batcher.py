@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from grpo_pipe.interfaces import RolloutEngine
+from grpo_pipe.serving.served_log import ServedLog
 from grpo_pipe.types import Completion, SamplingSettings
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,9 @@ class Request:
 class RequestBatcher:
     """Feeds the engine from a queue of single requests, one batched call per round and sampling key."""
 
-    def __init__(self, engine: RolloutEngine, max_prompts_per_call: int = 1024) -> None:
+    def __init__(self, engine: RolloutEngine, max_prompts_per_call: int = 1024, served: ServedLog | None = None) -> None:
         self.engine = engine
+        self.served = served  # every completion served is recorded here, when given
         self.max_prompts_per_call = max_prompts_per_call
         self.engine_calls = 0  # rounds sent to the engine (each one `generate` call)
         self._queue: deque[Request] = deque()
@@ -108,6 +110,9 @@ class RequestBatcher:
                     request.done.set_exception(err)
                 continue
             for request, output in zip(group, outputs):
+                if self.served is not None:
+                    for completion in output:
+                        self.served.record(request.prompt, completion)
                 request.done.set_result(list(output))
 
 

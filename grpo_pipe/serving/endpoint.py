@@ -16,6 +16,7 @@ from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import RolloutEngine
 from grpo_pipe.serving.batcher import RequestBatcher
 from grpo_pipe.serving.openai_api import ServedModel, build_app, new_token
+from grpo_pipe.serving.served_log import ServedLog
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +32,7 @@ class EngineEndpoint:
         self.engine, self.model, self.host, self.port = engine, model, host, port
         self.token = token or new_token()
         self.request_timeout_s = request_timeout_s
+        self.served = ServedLog()  # what the engine sampled, to check scored groups against (`episodes.scored_groups`)
         self.batcher: RequestBatcher | None = None
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
@@ -41,7 +43,7 @@ class EngineEndpoint:
         return f"http://{self.host}:{self.port}/v1"
 
     def start(self, ready_timeout_s: float = 30.0) -> None:
-        self.batcher = RequestBatcher(self.engine)
+        self.batcher = RequestBatcher(self.engine, served=self.served)
         app = build_app(self.batcher, self.model, self.token, self.request_timeout_s)
         config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", access_log=False,
                                 lifespan="off")
