@@ -4,6 +4,7 @@ Atropos hands a trainer, per group, every sequence's full tokens (prompt and com
 is not trained, the token id where it is) and one score per sequence. Read here:
 - The group's prompt is the tokens every sequence shares before its first trained token; the rest of each sequence is
   its completion, `sampled_by_model` marking the trained tokens (a multi-turn episode's environment turns are masked).
+- Each sequence's score is its episode's `environment_reward`, what `reward=environment` trains on.
 - Every trained span must be a completion the engine itself served after exactly the tokens before it (`ServedLog`):
   its log-probs and policy version come from the engine's record, never from the environment's copy. A span the
   engine never served (re-tokenised text, another server's output, a record since forgotten) refuses the group.
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from grpo_pipe.serving.served_log import ServedLog
-from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, Task
+from grpo_pipe.types import Completion, EpisodeLog, RequestTelemetry, RolloutGroup, Task
 
 NOT_TRAINED = -100  # Atropos's mask value for a token that gets no loss
 
@@ -50,7 +51,8 @@ def read_scored_group(data: Mapping[str, Any], limits: Limits, served: ServedLog
     for index, (sequence, mask) in enumerate(zip(tokens, masks)):
         _check_sequence(index, sequence, mask, limits)
     prompt = _shared_prompt(tokens, masks)
-    completions = tuple(_completion(i, seq, mask, len(prompt), served) for i, (seq, mask) in enumerate(zip(tokens, masks)))
+    completions = tuple(_completion(i, seq, mask, len(prompt), served, float(score))
+                        for i, (seq, mask, score) in enumerate(zip(tokens, masks, scores)))
     task = Task(uid, question="", answer="", metadata={"env_id": data.get("env_id")})
     return ScoredGroup(RolloutGroup(task, tuple(prompt), completions), tuple(float(s) for s in scores))
 
@@ -93,7 +95,8 @@ def _shared_prompt(tokens: Sequence[Sequence[int]], masks: Sequence[Sequence[int
     return prompt
 
 
-def _completion(index: int, sequence: Sequence[int], mask: Sequence[int], start: int, served: ServedLog) -> Completion:
+def _completion(index: int, sequence: Sequence[int], mask: Sequence[int], start: int, served: ServedLog,
+                score: float) -> Completion:
     trained = [m != NOT_TRAINED for m in mask]
     logprobs = [0.0] * (len(sequence) - start)
     versions: list[tuple[int, int]] = []  # (offset in the completion, version) wherever a span starts or switches
@@ -113,6 +116,8 @@ def _completion(index: int, sequence: Sequence[int], mask: Sequence[int], start:
         policy_version=first, version_switches=switches,
         telemetry=RequestTelemetry(prompt_tokens=start, generated_tokens=generated, cached_prompt_tokens=0),
         sampled_by_model=tuple(trained[start:]),
+        episode=EpisodeLog(turns=(), model_turns=len(versions), environment_tokens=len(trained) - start - generated,
+                           ended_by="done", environment_reward=score),
     )
 
 

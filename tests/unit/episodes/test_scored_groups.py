@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from grpo_pipe.episodes.scored_groups import Limits, RefusedGroup, read_scored_group
+from grpo_pipe.rewards.environment import EnvironmentReward
 from grpo_pipe.serving.served_log import ServedLog
 from grpo_pipe.types import Completion, RequestTelemetry
 
@@ -45,6 +46,8 @@ def test_a_scored_group_reads_as_our_group_with_the_engines_logprobs_and_version
     assert episode.sampled_by_model == (True, False, False, True, True)  # the environment's tokens are masked
     assert episode.logprobs == (-0.5, 0.0, 0.0, -0.5, -1.5)
     assert episode.policy_version == 5 and episode.version_switches == ((3, 6),)  # the second turn: a newer policy
+    assert episode.episode is not None and episode.episode.model_turns == 2 and episode.episode.environment_tokens == 2
+    assert EnvironmentReward()([group]).values == [1.0, 0.0]  # reward=environment trains on the environment's scores
 
 
 @pytest.mark.parametrize(("changes", "says"), [
