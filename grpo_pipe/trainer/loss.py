@@ -31,6 +31,13 @@ How this departs from the GRPO paper (Shao et al., 2024):
    gradient accumulation give exactly the full-batch gradient.
 6. `mask_truncated` (DAPO's overlong filtering): completions that hit the budget without EOS still
    count in their group's advantages, but get no loss and are left out of every normaliser.
+7. Two variants, as TRL names them (docs/loss.md has the table):
+   - `ratio_level: sequence` (GSPO, Zheng et al. 2025; TRL's `importance_sampling_level="sequence"`): one ratio per
+     completion, exp of the mean per-token log-ratio over its tokens, clipped as a whole; `loss=gspo` is the paper's
+     setting (clip 3e-4 / 4e-4, per-completion mean).
+   - `objective: cispo` (MiniMax-M1 2025; TRL's `loss_type="cispo"`): no clipped surrogate; each token's loss is
+     -min(ratio, cispo_max) x advantage x log pi, the ratio detached, so every token keeps a gradient (the clip
+     bounds its weight, never removes it); `loss=cispo` averages over the batch's tokens, as TRL does.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ from grpo_pipe.types import LossStats
 
 Aggregation = Literal["sequence_mean", "constant", "token_mean"]
 RatioReference = Literal["policy", "sampler"]
+RatioLevel = Literal["token", "sequence"]
+Objective = Literal["clipped", "cispo"]
 
 
 def group_advantages(rewards: torch.Tensor, group_ids: torch.Tensor, normalize_std: bool) -> torch.Tensor:
@@ -82,6 +91,9 @@ class GRPOLoss:
         mask_truncated: bool = False,
         ratio_reference: RatioReference = "policy",
         is_cap: float | None = 2.0,
+        ratio_level: RatioLevel = "token",
+        objective: Objective = "clipped",
+        cispo_max: float = 5.0,
     ) -> None:
         checks = [
             (clip_low >= 0 and clip_high >= 0, f"loss.clip_low={clip_low}, loss.clip_high={clip_high}: must be >= 0"),
@@ -92,6 +104,11 @@ class GRPOLoss:
              f"loss.ratio_reference={ratio_reference}: allowed: policy (the trainer's own log-probs, truncated IS "
              "against the sampler), sampler (the engine's sampling log-probs)"),
             (is_cap is None or is_cap > 0, f"loss.is_cap={is_cap}: must be > 0, or null for no importance correction"),
+            (ratio_level in ("token", "sequence"),
+             f"loss.ratio_level={ratio_level}: allowed: token (a ratio per token), sequence (GSPO: one per completion)"),
+            (objective in ("clipped", "cispo"),
+             f"loss.objective={objective}: allowed: clipped (PPO's clipped surrogate), cispo (clipped IS weights)"),
+            (cispo_max > 0, f"loss.cispo_max={cispo_max}: must be > 0"),
             (ratio_reference == "policy" or is_cap is None,
              f"loss.is_cap={is_cap} with loss.ratio_reference=sampler: the sampler is already the ratio's reference; "
              "set loss.is_cap=null, or loss.ratio_reference=policy"),
@@ -108,6 +125,9 @@ class GRPOLoss:
         self.mask_truncated = mask_truncated
         self.ratio_reference = ratio_reference
         self.is_cap = is_cap
+        self.ratio_level = ratio_level
+        self.objective = objective
+        self.cispo_max = cispo_max  # CISPO's upper bound on a token's (detached) ratio weight: ScaleRL's eps_max
 
     @property
     def needs_reference(self) -> bool:
@@ -151,11 +171,20 @@ class GRPOLoss:
                 weight = weight.clamp(max=self.is_cap)  # truncated IS
             else:
                 weight = torch.ones_like(weight)
-        ratio = torch.exp(new_logprobs - reference)  # [B, T]
+        log_ratio = new_logprobs - reference  # [B, T]
+        if self.ratio_level == "sequence":  # GSPO: the mean log-ratio of each completion's own tokens
+            log_ratio = ((log_ratio * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0))
+            log_ratio = log_ratio.expand_as(new_logprobs)  # [B, T] one value per completion
+        ratio = torch.exp(log_ratio)  # [B, T]
         adv = advantages.unsqueeze(1)  # [B, 1]
         unclipped = ratio * adv  # [B, T]
         clipped = ratio.clamp(1.0 - self.clip_low, 1.0 + self.clip_high) * adv  # [B, T]
-        per_token = -weight * torch.minimum(unclipped, clipped)  # [B, T] pessimistic bound, as PPO
+        if self.objective == "cispo":  # the weight is clipped and detached; log pi carries the gradient
+            clipped = ratio.detach().clamp(max=self.cispo_max) * adv  # [B, T]
+            unclipped = ratio.detach() * adv  # [B, T] statistics only: where the cap lowered a positive weight
+            per_token = -weight * clipped * new_logprobs  # [B, T]
+        else:
+            per_token = -weight * torch.minimum(unclipped, clipped)  # [B, T] pessimistic bound, as PPO
         kl = torch.zeros_like(per_token)  # [B, T]
         if self.kl_coef > 0:
             if ref_logprobs is None:

@@ -27,24 +27,31 @@ def ref_advantages(rewards: list[float], groups: list[int], normalize_std: bool)
 
 
 def ref_loss(new, old, adv, lengths, *, aggregation, clip_low, clip_high, kl_coef=0.0, ref=None, budget=None,
-             truncated=None, mask_truncated=False, proximal=None, is_cap=None) -> float:
+             truncated=None, mask_truncated=False, proximal=None, is_cap=None, ratio_level="token",
+             objective="clipped", cispo_max=5.0) -> float:
     """new/old/ref/proximal: [B][T] lists; lengths: [B]. The loss of the whole batch.
 
     `proximal` given: the ratio is taken against it and each token weighted by min(exp(proximal - old), is_cap)
-    (ratio_reference=policy); else against `old`, the sampler's log-probs (ratio_reference=sampler)."""
+    (ratio_reference=policy); else against `old`, the sampler's log-probs (ratio_reference=sampler).
+    ratio_level="sequence" (GSPO): every token of a completion has its completion's ratio, exp of the mean log-ratio.
+    objective="cispo": a token's loss is -weight x min(ratio, cispo_max) x advantage x its log-prob."""
     per_sequence, counted = [], []
     for i, length in enumerate(lengths):
         if mask_truncated and truncated[i]:
             continue
+        bases = [old[i][t] if proximal is None else proximal[i][t] for t in range(length)]
+        sequence_ratio = math.exp(statistics.fmean(new[i][t] - bases[t] for t in range(length)))
         tokens = []
         for t in range(length):
-            base = old[i][t] if proximal is None else proximal[i][t]
             weight = 1.0
             if proximal is not None and is_cap is not None:
                 weight = min(math.exp(proximal[i][t] - old[i][t]), is_cap)
-            ratio = math.exp(new[i][t] - base)
+            ratio = sequence_ratio if ratio_level == "sequence" else math.exp(new[i][t] - bases[t])
             clipped = min(max(ratio, 1 - clip_low), 1 + clip_high)
-            value = -weight * min(ratio * adv[i], clipped * adv[i])
+            if objective == "cispo":
+                value = -weight * min(ratio, cispo_max) * adv[i] * new[i][t]
+            else:
+                value = -weight * min(ratio * adv[i], clipped * adv[i])
             if kl_coef:
                 d = ref[i][t] - new[i][t]
                 value += kl_coef * (math.exp(d) - d - 1)
@@ -111,6 +118,8 @@ VARIANTS = {  # the presets of conf/loss/*.yaml
     "grpo": {"aggregation": "sequence_mean"},
     "dr_grpo": {"aggregation": "constant", "max_tokens": 16},
     "dapo": {"aggregation": "token_mean", "mask_truncated": True},
+    "gspo": {"aggregation": "sequence_mean", "ratio_level": "sequence"},  # its clip range: checked below
+    "cispo": {"aggregation": "token_mean", "objective": "cispo", "cispo_max": 5.0},
 }
 
 
@@ -141,7 +150,8 @@ def test_every_variant_matches_the_reference(variant: str, kl_coef: float, refer
         want = ref_loss(new.tolist(), old.tolist(), adv.tolist(), lengths, aggregation=settings["aggregation"],
                         clip_low=0.2, clip_high=0.28, kl_coef=kl_coef, ref=ref.tolist(), budget=settings.get("max_tokens"),
                         truncated=truncated, mask_truncated=loss_fn.mask_truncated,
-                        proximal=None if ratio_reference == "sampler" else proximal.tolist(), is_cap=is_cap)
+                        proximal=None if ratio_reference == "sampler" else proximal.tolist(), is_cap=is_cap,
+                        ratio_level=loss_fn.ratio_level, objective=loss_fn.objective, cispo_max=loss_fn.cispo_max)
         assert float(got) == pytest.approx(want, rel=1e-12, abs=1e-12)
 
 
@@ -150,6 +160,33 @@ def test_conf_presets_are_the_variants_tested_here(compose_cfg) -> None:
         cfg = compose_cfg([f"loss={name}", "run.max_new_tokens=16"])
         for key, value in settings.items():
             assert cfg.loss[key] == value, (name, key)
+    gspo = compose_cfg(["loss=gspo"]).loss
+    assert (gspo.clip_low, gspo.clip_high) == (3e-4, 4e-4)  # the GSPO paper's (and TRL's documented) range
+
+
+def test_gspo_clips_a_completion_as_a_whole() -> None:
+    # Two tokens whose log-ratios are +0.5 and -0.5: each alone is far outside the clip, their mean (0) is inside.
+    new = torch.tensor([[0.5, -0.5]], dtype=torch.float64, requires_grad=True)
+    proximal = torch.zeros(1, 2, dtype=torch.float64)
+    mask, adv = torch.ones(1, 2, dtype=torch.float64), torch.tensor([1.0], dtype=torch.float64)
+    gspo = GRPOLoss(ratio_level="sequence", clip_low=3e-4, clip_high=4e-4, is_cap=None)
+    loss, stats = gspo(new, proximal, adv, mask, gspo.normaliser([2]), proximal_logprobs=proximal)
+    loss.backward()
+    assert float(loss) == pytest.approx(-1.0) and stats.clipped_tokens == 0
+    assert new.grad is not None and new.grad[0].tolist() == pytest.approx([-0.5, -0.5])  # d/dnew of -exp(mean)
+
+
+def test_cispo_keeps_every_tokens_gradient_with_a_capped_weight() -> None:
+    # A token whose ratio (e^2 = 7.4) passes cispo_max=5: PPO's clip would zero its gradient, CISPO weighs it by 5.
+    new = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    proximal = torch.tensor([[-3.0, -2.0]], dtype=torch.float64)
+    mask, adv = torch.ones(1, 2, dtype=torch.float64), torch.tensor([0.5], dtype=torch.float64)
+    cispo = GRPOLoss(objective="cispo", cispo_max=5.0, aggregation="token_mean", is_cap=None)
+    loss, stats = cispo(new, proximal, adv, mask, cispo.normaliser([2]), proximal_logprobs=proximal)
+    loss.backward()
+    assert float(loss) == pytest.approx(-(5.0 * 0.5 * -1.0 + 1.0 * 0.5 * -2.0) / 2)
+    assert new.grad is not None and new.grad[0].tolist() == pytest.approx([-5.0 * 0.5 / 2, -1.0 * 0.5 / 2])
+    assert stats.clipped_tokens == 1 and stats.clipped_positive == 1  # the capped weight is counted, as TRL does
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
