@@ -30,10 +30,9 @@ CONF, SWEEPS = CONF_DIR, SWEEPS_DIR
 _SHARED_GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 GSM8K_DIR = _SHARED_GSM8K if (_SHARED_GSM8K / "train.jsonl").exists() else REPO / "tests" / "fixtures" / "gsm8k"
 
-# The tiny configuration (conf/debug/tiny.yaml), what the README's quick commands use too. Its data sizes are the
-# default data option's keys: with another data option they are dropped.
+# The tiny configuration (conf/debug/tiny.yaml), what the README's quick commands use too; it composes with every
+# data option (small splits where conf/debug/data/ has them).
 TINY = ["debug=tiny"]
-TINY_OTHER_DATA = [*TINY, "~data.train_size", "~data.eval_size"]
 
 TIERS = ("unit", "integration", "gpu")
 NO_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="the gpu tier needs a CUDA GPU")
@@ -76,7 +75,7 @@ def compose_cfg(tmp_path: Path) -> Callable[..., DictConfig]:
         chosen = {o.split("=", 1)[0] for o in overrides if "=" in o and "." not in o.split("=", 1)[0]}
         store = [f"logger.tracking_uri=sqlite:///{tmp_path}/mlflow.db", f"logger.artifact_location={tmp_path}/artifacts"]
         store = [] if "logger" in chosen else store  # another logger has other settings
-        base = (TINY_OTHER_DATA if "data" in chosen else TINY) if tiny else []
+        base = TINY if tiny else []
         with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
             return compose("config", overrides=[*base, *store, *overrides])
 

@@ -10,7 +10,7 @@ import sys
 from mlflow.tracking import MlflowClient
 
 from grpo_pipe.pipeline import JobContext, run
-from tests.conftest import GSM8K_DIR, REPO, TINY, TINY_OTHER_DATA
+from tests.conftest import GSM8K_DIR, REPO, TINY
 
 
 def test_a_run_on_bad_rows_completes_and_counts_every_skip(compose_cfg, tmp_path, caplog) -> None:
@@ -60,7 +60,7 @@ def _bad_data(tmp_path):
 
 def test_by_default_a_broken_row_is_an_error_naming_file_and_line(tmp_path) -> None:
     """From outside, as a user meets it: one block in the config-error format, in seconds, no model loaded."""
-    command = [sys.executable, "-m", "grpo_pipe", *TINY_OTHER_DATA, "data=gsm8k", f"data.path={_bad_data(tmp_path)}",
+    command = [sys.executable, "-m", "grpo_pipe", *TINY, "data=gsm8k", f"data.path={_bad_data(tmp_path)}",
                "logger=none", f"hydra.run.dir={tmp_path}/run"]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     flat = " ".join((done.stdout + done.stderr).split())
@@ -71,7 +71,7 @@ def test_by_default_a_broken_row_is_an_error_naming_file_and_line(tmp_path) -> N
 
 
 def test_a_held_out_split_smaller_than_eval_size_warns_with_both_numbers(tmp_path) -> None:
-    command = [sys.executable, "-m", "grpo_pipe", *TINY_OTHER_DATA, "data=gsm8k", f"data.path={_bad_data(tmp_path)}",
+    command = [sys.executable, "-m", "grpo_pipe", *TINY, "data=gsm8k", f"data.path={_bad_data(tmp_path)}",
                "data.max_bad_fraction=0.2", "run.eval_size=4", "trainer.steps=1", "logger=none",
                f"hydra.run.dir={tmp_path}/run"]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)

@@ -8,7 +8,7 @@ from hydra.utils import instantiate
 from grpo_pipe import interfaces
 from grpo_pipe.config.validate import validate_config
 from grpo_pipe.pipeline import PLAIN_KEYS, VALIDATED_GROUPS
-from tests.conftest import CONF, GSM8K_DIR
+from tests.conftest import CONF
 
 OPTIONS = [
     (group, path.stem)
@@ -74,13 +74,23 @@ def test_global_option_composes_validates_and_changes_only_settings(compose_cfg,
     assert cfg != plain
 
 
-def test_the_tiny_debug_option_is_the_tiny_model_with_any_data_option(compose_cfg) -> None:
-    tiny = compose_cfg(["debug=tiny"], tiny=False)
-    assert tiny.model._target_.endswith("TinyRandomModel") and tiny.trainer.steps == 2
-    # its data sizes are the default data option's; the tests drop them with another (tests/conftest.py)
-    other = compose_cfg(["data=gsm8k", f"data.path={GSM8K_DIR}", "data.train_file=test.jsonl"])
-    validate_config(other, VALIDATED_GROUPS, PLAIN_KEYS)
-    assert other.model._target_.endswith("TinyRandomModel") and "train_size" not in other.data
+TINY_SPLITS = {"reasoning_gym": {"train_size": 64, "eval_size": 16}, "arithmetic": {"train_size": 64, "eval_size": 16},
+               "jsonl": {"max_train": 64, "max_eval": 16}}  # conf/debug/data/; gsm8k and hf keep their own sizes
+
+
+@pytest.mark.parametrize("group", ["data", "model", "reward"])
+def test_the_tiny_debug_option_composes_with_every_option_of_data_model_and_reward(compose_cfg, group: str) -> None:
+    for option in [o for g, o in OPTIONS if g == group]:
+        cfg = compose_cfg(["debug=tiny", f"{group}={option}", *REQUIRED.get((group, option), [])], tiny=False)
+        validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)  # no key debug=tiny set is unknown to the chosen option
+        assert cfg.trainer.steps == 2, option
+        if group == "model":
+            continue
+        assert cfg.model._target_.endswith("TinyRandomModel"), option
+        for key, value in TINY_SPLITS.get(option if group == "data" else "reasoning_gym", {}).items():
+            assert cfg.data[key] == value, (option, key)
+    plain = compose_cfg(["data=jsonl", "data.train_path=t.jsonl"], tiny=False)
+    assert plain.data.max_train is None  # the small splits come with debug=tiny only
 
 
 def test_the_bridge_list_is_the_config_group() -> None:
