@@ -3,8 +3,10 @@
     def score(completions, prompts, answer, **metadata) -> list[float | None]
 
 Every argument is a list with one entry per completion (a group's prompt, answer and metadata repeated
-for each of its completions): `completions` the generated texts, `prompts` the question text (or its
-chat messages), `answer` the reference answers (also as `answers`), then one keyword per metadata column
+for each of its completions): `completions` the generated texts (as TRL, message lists where the prompt is
+chat messages: `[{"role": "assistant", "content": text}]`, an episode's every turn in order; `completions=text` or
+`messages` fixes the shape), `prompts` the question text (or its chat messages), `answer` the reference answers
+(also as `answers`), then one keyword per metadata column
 of the data under its own name (e.g. `difficulty=[...]`, as TRL passes dataset columns) and
 `completion_ids` (token ids). A function receives only the arguments it names, or all of them if it takes
 `**kwargs`. `None` means "does not apply" and counts as `none_value`; NaN and infinities are errors.
@@ -25,7 +27,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 
@@ -33,13 +35,19 @@ from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.types import Completion, RequestTelemetry, RewardOutput, RolloutGroup, Task
 
 RewardFn = Callable[..., Sequence[float | None]]
+CompletionShape = Literal["auto", "text", "messages"]
 PLACEHOLDER = "The answer is 0."  # the completion a function is tried on before the engine starts
 
 
 class PythonFunctionReward:
     """Calls `fn` once per step on every completion; its values are the reward."""
 
-    def __init__(self, fn: str, name: str | None = None, none_value: float = 0.0, success_at: float | None = 1.0) -> None:
+    def __init__(self, fn: str, name: str | None = None, none_value: float = 0.0, success_at: float | None = 1.0,
+                 completions: CompletionShape = "auto") -> None:
+        if completions not in ("auto", "text", "messages"):
+            raise ConfigError([f"reward.completions={completions!r}: allowed: auto (messages where the prompt is chat "
+                               "messages, as TRL), text, messages"])
+        self.completions: CompletionShape = completions
         self.fn = fn
         self.name = name or fn.rsplit(":", 1)[-1]  # the term it is logged under: train/reward/<name>
         self.none_value = none_value
@@ -72,29 +80,30 @@ class PythonFunctionReward:
         telemetry = RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0)
         placeholder = Completion((0,), (0.0,), PLACEHOLDER, "stop", 0, telemetry)
         groups = [RolloutGroup(task, (0,), (placeholder,)) for task in tasks]
-        columns = sorted(reward_columns(groups))
+        columns = sorted(reward_columns(groups, self.completions))
         missing = sorted(_named_parameters(self.function()) - set(columns))
         if missing:
             return [f"fn={self.fn!r} takes {', '.join(missing)}, which the data does not give; it can take: "
                     f"{', '.join(columns)} (or **kwargs)"]
         try:
-            call_reward_function(self.function(), groups, self.fn)
+            call_reward_function(self.function(), groups, self.fn, self.completions)
         except Exception as err:  # noqa: BLE001 - anything the user's function raises is reported, with its type
             return [f"fn={self.fn!r}: called on {len(groups)} rows of the data with the completion {PLACEHOLDER!r} it "
                     f"raised {type(err).__name__}: {err}"]
         return []
 
     def __call__(self, groups: Sequence[RolloutGroup]) -> RewardOutput:
-        raw = call_reward_function(self.function(), groups, self.fn)
+        raw = call_reward_function(self.function(), groups, self.fn, self.completions)
         values = [self.none_value if v is None else float(v) for v in raw]  # [N]
         correct = None if self.success_at is None else [v is not None and v >= self.success_at for v in raw]
         terms = {self.name: values, f"{self.name}/applies": [0.0 if v is None else 1.0 for v in raw]}
         return RewardOutput(values=values, terms=terms, correct=correct)
 
 
-def call_reward_function(function: RewardFn, groups: Sequence[RolloutGroup], label: str) -> list[float | None]:
+def call_reward_function(function: RewardFn, groups: Sequence[RolloutGroup], label: str,
+                         completions: CompletionShape = "auto") -> list[float | None]:
     """Call `function` TRL-style on every completion of `groups`; check what it returns."""
-    columns = reward_columns(groups)
+    columns = reward_columns(groups, completions)
     count = len(columns["completions"])
     if not _takes_any_keyword(function):
         names = set(inspect.signature(function).parameters)
@@ -118,7 +127,7 @@ def _takes_any_keyword(function: RewardFn) -> bool:
     return any(p.kind is p.VAR_KEYWORD for p in inspect.signature(function).parameters.values())
 
 
-def reward_columns(groups: Sequence[RolloutGroup]) -> dict[str, list[Any]]:
+def reward_columns(groups: Sequence[RolloutGroup], completions: CompletionShape = "auto") -> dict[str, list[Any]]:
     """The keyword arguments of a TRL-style reward function, one entry per completion."""
     columns: dict[str, list[Any]] = {"completions": [], "prompts": [], "answer": [], "answers": [], "completion_ids": []}
     metadata_keys = sorted({k for g in groups for k in g.task.metadata})
@@ -127,8 +136,9 @@ def reward_columns(groups: Sequence[RolloutGroup]) -> dict[str, list[Any]]:
     for group in groups:
         task = group.task
         prompt: Any = [dict(m) for m in task.messages] if task.messages is not None else task.question
+        as_messages = completions == "messages" or (completions == "auto" and task.messages is not None)
         for completion in group.completions:
-            columns["completions"].append(completion.text)
+            columns["completions"].append(completion_messages(completion) if as_messages else completion.text)
             columns["prompts"].append(prompt)
             columns["answer"].append(task.answer)  # TRL's name for the column
             columns["answers"].append(task.answer)
@@ -136,6 +146,14 @@ def reward_columns(groups: Sequence[RolloutGroup]) -> dict[str, list[Any]]:
             for key in metadata_keys:
                 columns[key].append(task.metadata.get(key))
     return columns
+
+
+def completion_messages(completion: Completion) -> list[dict[str, str]]:
+    """A completion in TRL's conversational shape: one assistant message, or an episode's turns in order."""
+    if completion.episode is None or not completion.episode.turns:
+        return [{"role": "assistant", "content": completion.text}]
+    return [{"role": turn.role, "content": turn.text, **({"name": turn.tool} if turn.role == "tool" and turn.tool else {})}
+            for turn in completion.episode.turns]
 
 
 def load_function(spec: str) -> RewardFn:

@@ -58,7 +58,7 @@ def _groups() -> list[RolloutGroup]:
 
 
 def test_function_gets_columns_per_completion_and_none_counts_as_none_value() -> None:
-    reward = PythonFunctionReward(f"{__name__}:record_and_score", none_value=-1.0, success_at=1.0)
+    reward = PythonFunctionReward(f"{__name__}:record_and_score", none_value=-1.0, success_at=1.0, completions="text")
     out = reward(_groups())
     assert out.values == pytest.approx([1.1, 0.1, 1.2, -1.0])
     assert out.correct == [True, False, True, False]
@@ -68,6 +68,41 @@ def test_function_gets_columns_per_completion_and_none_counts_as_none_value() ->
     assert SEEN["extra"] == ["answer", "completion_ids"]
 
 
+def conversational(completions, answer, **_):
+    """TRL's conversational reward: a completion is a list of messages."""
+    return [float(c[-1]["content"] == a) for c, a in zip(completions, answer)]
+
+
+def test_completions_are_message_lists_where_the_prompt_is_chat_messages_as_in_trl() -> None:
+    text_prompt, chat_prompt = _groups()
+    assert PythonFunctionReward(f"{__name__}:conversational")([chat_prompt]).values == [1.0, 0.0]
+    with pytest.raises(TypeError):  # a plain-text prompt gives plain-text completions, as TRL does
+        PythonFunctionReward(f"{__name__}:conversational")([text_prompt])
+    assert PythonFunctionReward(f"{__name__}:conversational", completions="messages")([text_prompt]).values == [1.0, 0.0]
+    assert PythonFunctionReward(f"{__name__}:trl_accuracy", completions="text")([chat_prompt]).values == [1.0, 0.0]
+
+
+def test_an_episodes_completion_is_its_turns_in_order() -> None:
+    from grpo_pipe.rewards.python_fn import completion_messages
+    from grpo_pipe.types import EpisodeLog, Turn
+
+    turns = (Turn("assistant", "<calculator>3 * 25</calculator>", tool="calculator"), Turn("tool", "75", tool="calculator"),
+             Turn("assistant", "#### 75"))
+    episode = Completion((1,), (0.0,), "#### 75", "stop", 0, RequestTelemetry(1, 1, 0), episode=EpisodeLog(turns, 2, 1))
+    assert completion_messages(episode) == [
+        {"role": "assistant", "content": "<calculator>3 * 25</calculator>"},
+        {"role": "tool", "content": "75", "name": "calculator"},
+        {"role": "assistant", "content": "#### 75"},
+    ]
+
+
+def test_a_bad_completion_shape_is_named() -> None:
+    from grpo_pipe.config.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="reward.completions='json'"):
+        PythonFunctionReward(f"{__name__}:conversational", completions="json")  # type: ignore[arg-type]
+
+
 def test_function_receives_only_the_arguments_it_names() -> None:
     out = PythonFunctionReward(f"{__name__}:only_completions", name="half", success_at=None)(_groups())
     assert out.values == [0.5] * 4 and out.correct is None and "half" in out.terms
@@ -75,7 +110,7 @@ def test_function_receives_only_the_arguments_it_names() -> None:
 
 def test_a_function_from_a_file_path(tmp_path: Path) -> None:
     (tmp_path / "mine.py").write_text("def score(completions, **kw):\n    return [len(c) for c in completions]\n")
-    reward = PythonFunctionReward(f"{tmp_path}/mine.py:score")
+    reward = PythonFunctionReward(f"{tmp_path}/mine.py:score", completions="text")
     assert reward.config_problems() == [] and reward(_groups()).values == [1.0, 1.0, 1.0, 4.0]
 
 
@@ -92,7 +127,7 @@ def test_unimportable_functions_are_config_problems(spec: str) -> None:
 
 
 def test_a_trl_shaped_function_gets_the_answer_column_under_its_own_name() -> None:
-    out = PythonFunctionReward(f"{__name__}:trl_accuracy")(_groups())
+    out = PythonFunctionReward(f"{__name__}:trl_accuracy", completions="text")(_groups())
     assert out.values == [1.0, 0.0, 1.0, 0.0]
 
 
@@ -105,9 +140,9 @@ def test_a_trl_shaped_function_gets_the_answer_column_under_its_own_name() -> No
 ])
 def test_a_broken_function_is_found_on_a_few_rows_before_the_engine_starts(fn: str, says: str) -> None:
     tasks = [g.task for g in _groups()]
-    (problem,) = PythonFunctionReward(f"{__name__}:{fn}").try_on(tasks)
+    (problem,) = PythonFunctionReward(f"{__name__}:{fn}", completions="text").try_on(tasks)
     assert problem.startswith(f"fn='{__name__}:{fn}'") and says in problem, problem
-    assert PythonFunctionReward(f"{__name__}:trl_accuracy").try_on(tasks) == []
+    assert PythonFunctionReward(f"{__name__}:trl_accuracy", completions="text").try_on(tasks) == []
 
 
 def test_non_finite_values_are_errors_wherever_the_reward_is_computed() -> None:
