@@ -21,6 +21,7 @@ from grpo_pipe.interfaces import Tracker
 from grpo_pipe.progress import format_metrics
 from grpo_pipe.recipe import GRPORecipe, RunResult
 from grpo_pipe.stopping import StopRequest
+from grpo_pipe.types import Ledger
 
 __all__ = ["PLAIN_KEYS", "VALIDATED_GROUPS", "Components", "JobContext", "RunResult", "build", "run"]
 
@@ -43,6 +44,8 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
     """Run one job: build, resume or start the tracked run, set up, train, evaluate; always clean up."""
     parts = build(cfg)
     resume_from = _resume_checkpoint(cfg, job)  # refuses a changed config before anything loads
+    if resume_from is not None and resume_from.step >= parts.trainer.steps:
+        return _already_finished(resume_from, parts.trainer.steps)
     tracker = parts.logger
     if resume_from is not None:
         parts.checkpoint.resume_in(resume_from.path.parent)
@@ -88,6 +91,16 @@ def _finish(tracker: Tracker, recipe: GRPORecipe, status: str, stop: StopRequest
         tracker.close(status, within_s=None if remaining is None else remaining / 2)
     finally:
         recipe.cleanup()
+
+
+def _already_finished(checkpoint: Checkpoint, steps: int) -> RunResult:
+    """`resume=` on a run that trained all its steps: said, and nothing touched (no evaluation, no metric)."""
+    loop = checkpoint.loop_state()
+    log.warning("resume: the run finished: its checkpoint %s is at step %d of trainer.steps=%d; nothing to continue "
+                "(to train further: trainer.steps=N with resume_accept=[trainer.steps])", checkpoint.path,
+                checkpoint.step, steps)
+    return RunResult(run_id=loop.get("mlflow_run_id"), rewards=list(loop.get("step_rewards", [])), final_eval={},
+                     ledger=Ledger(), summary={}, resume_dir=checkpoint.path.parent.parent)
 
 
 def _setup_and_train(recipe: GRPORecipe, resume_from: Checkpoint | None, stop: StopRequest) -> RunResult:

@@ -106,6 +106,22 @@ def test_resume_with_a_changed_config_is_refused_before_anything_loads(reference
     assert time.perf_counter() - started < 10
 
 
+def test_resuming_a_finished_run_says_so_and_touches_nothing(reference, compose_cfg, tmp_path, caplog) -> None:
+    from grpo_pipe.pipeline import JobContext, run
+
+    ref_dir, ref_store = reference
+    before = {key: _metric(ref_store, ref_dir, key) for key in ("eval/accuracy", "summary/step_s")}
+    cfg = compose_cfg([f"trainer.steps={STEPS}", "checkpoint.every=1", "reward=inference_aware",
+                       "reward.latency_weight=0.0", f"resume={ref_dir}", f"logger.tracking_uri=sqlite:///{ref_store}",
+                       f"logger.artifact_location={ref_store.parent}/artifacts"])
+    started = time.perf_counter()
+    result = run(cfg, JobContext(output_dir=tmp_path, run_name="again"))
+    assert time.perf_counter() - started < 30  # no engine, no model: it returns before anything loads
+    assert result.final_eval == {} and len(result.rewards) == STEPS and result.resume_dir == ref_dir
+    assert any("the run finished" in r.getMessage() and "nothing to continue" in r.getMessage() for r in caplog.records)
+    assert {key: _metric(ref_store, ref_dir, key) for key in before} == before  # no evaluation, no metric logged again
+
+
 def test_the_printed_continue_command_alone_resumes_the_same_job(tmp_path) -> None:
     """SIGTERM, then exactly the command the log prints (no overrides re-typed), run from another folder: the
     checkpoint's job continues with its own config and ends at the last step."""
