@@ -59,15 +59,16 @@ def resumed(cfg: DictConfig, job: JobContext) -> tuple[DictConfig, JobContext]:
 
 
 def main() -> None:
-    """The command: overrides naming keys that exist nowhere fail first, in the project's error format with the
-    nearest allowed names, then output folders that cannot be created; then Hydra composes and runs the job."""
+    """The command: overrides naming options or keys that exist nowhere, and output folders that cannot be created,
+    fail first, all together in the project's error format with the nearest allowed names (rc 2); then Hydra
+    composes and runs the job."""
     from grpo_pipe.config.output_dirs import output_dir_problems
-    from grpo_pipe.config.overrides import unknown_key_problems
+    from grpo_pipe.config.overrides import override_problems
 
     if sys.argv[1:] in (["--version"], ["-V"]):
         print(versions())
         return
-    problems = unknown_key_problems(sys.argv[1:]) or output_dir_problems(sys.argv[1:], Path.cwd())
+    problems = override_problems(sys.argv[1:]) + output_dir_problems(sys.argv[1:], Path.cwd())
     if problems:
         logging.basicConfig(format="%(message)s")
         log.error("%s", ConfigError(problems))

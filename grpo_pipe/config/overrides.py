@@ -17,6 +17,40 @@ from grpo_pipe.config.sources import CONF_DIR
 UNKNOWN = re.compile(r"Could not override '([^']+)'")
 
 
+def override_problems(args: Sequence[str]) -> list[str]:
+    """Every override naming an option or a key that does not exist, all at once: options first (`weight_bridge=ncl`),
+    then keys (keys under a group whose option is unknown are not judged: they belong to the option meant)."""
+    options = unknown_option_problems(args)
+    wrong_groups = {problem.split("=", 1)[0] for problem in options}
+    judged = [a for a in args if not any(a.split("=", 1)[0] == g or a.startswith(g + ".") for g in wrong_groups)]
+    return options + unknown_key_problems(judged)
+
+
+def unknown_option_problems(args: Sequence[str]) -> list[str]:
+    """`group=option` overrides (sweep lists included) whose option is not a yaml of conf/<group>/, with the
+    nearest option and every allowed one."""
+    problems = []
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        options = _group_options(key) if sep and not arg.startswith("-") else None
+        if options is None:
+            continue
+        for option in (v.strip() for v in value.split(",")):
+            if option not in options and option != "null":
+                nearest = difflib.get_close_matches(option, options, n=1, cutoff=0.5)
+                hint = f"; nearest: {nearest[0]}" if nearest else ""
+                problems.append(f"{key}={option}: unknown option{hint}; allowed: {', '.join(options)}")
+    return problems
+
+
+def _group_options(key: str) -> list[str] | None:
+    """The options of config group `key` (None: `key` is not a group of conf/)."""
+    if "." in key or key.startswith(("+", "~", "hydra")) or "/" in key:
+        return None
+    folder = CONF_DIR / key
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else None
+
+
 def unknown_key_problems(args: Sequence[str]) -> list[str]:
     """One problem per override whose key the composed config does not have, every one named at once; empty
     when all keys exist or when Hydra's own parser should speak (sweep syntax, a bad value). One composition

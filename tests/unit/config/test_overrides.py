@@ -1,6 +1,10 @@
-"""Overrides checked before Hydra runs: unknown keys named with the nearest allowed ones; nothing else judged."""
+"""Overrides checked before Hydra runs: unknown options and keys named with the nearest allowed ones, all at once;
+nothing else judged."""
 
-from grpo_pipe.config.overrides import unknown_key_problems
+import subprocess
+import sys
+
+from grpo_pipe.config.overrides import override_problems, unknown_key_problems
 
 
 def test_every_unknown_key_is_named_with_the_nearest_allowed_names() -> None:
@@ -19,3 +23,23 @@ def test_sweeps_and_appended_keys_are_left_to_hydra() -> None:
     assert unknown_key_problems(["-m", "data=jsonl,hf", "data.train_path=tasks.jsonl"]) == []  # keys differ per job
     assert unknown_key_problems(["-m", "reward.wrong=0.0,-0.2"]) == []
     assert unknown_key_problems(["+trainer.extra=1"]) == []  # appended on purpose: the validator judges it
+
+
+def test_an_unknown_group_option_is_named_with_the_nearest_and_every_allowed_one() -> None:
+    assert override_problems(["weight_bridge=ncl"]) == [
+        "weight_bridge=ncl: unknown option; nearest: nccl; allowed: checkpoint, ipc, lora, nccl, reload"]
+    assert override_problems(["-m", "weight_bridge=reload,lora,nccll"])[0].startswith("weight_bridge=nccll: unknown option")
+    assert override_problems(["experiment=null", "debug=tiny", "+sweeps=reward_weights"]) == []
+
+
+def test_options_and_keys_are_all_reported_together_and_a_wrong_options_keys_are_not_judged() -> None:
+    problems = override_problems(["weight_bridge=ncl", "weight_bridge.bucket_mb=64", "curriculum=kde_bucket",
+                                  "trainer.lrr=1"])
+    assert [p.split(":")[0] for p in problems] == ["weight_bridge=ncl", "curriculum=kde_bucket", "trainer.lrr"]
+
+
+def test_the_command_reports_them_in_one_block_with_exit_code_2() -> None:
+    done = subprocess.run([sys.executable, "-m", "grpo_pipe", "weight_bridge=ncl", "trainer.lrr=1"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.count("Invalid config:") == 1 and "nearest: nccl" in done.stderr and "nearest: trainer.lr" in done.stderr
