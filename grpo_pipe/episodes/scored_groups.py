@@ -7,7 +7,8 @@ is not trained, the token id where it is) and one score per sequence. Read here:
 - Each sequence's score is its episode's `environment_reward`, what `reward=environment` trains on.
 - Every trained span must be a completion the engine itself served after exactly the tokens before it (`ServedLog`):
   its log-probs and policy version come from the engine's record, never from the environment's copy. A span the
-  engine never served (re-tokenised text, another server's output, a record since forgotten) refuses the group.
+  engine never served (re-tokenised text, another server's output, a record since forgotten), or served at another
+  temperature than the run trains at, refuses the group.
 - Anything malformed refuses the group with the reason, counted by the caller: lengths that disagree, a score that is
   NaN or inf, an empty group, a token outside the vocabulary, a sequence longer than the model, a mask that names
   another token than the sequence holds, a sequence with nothing to train.
@@ -42,6 +43,7 @@ class ScoredGroup:
 class Limits:
     vocab_size: int
     max_model_len: int
+    temperature: float | None = None  # the run's: a span sampled at another has log-probs of another distribution
 
 
 def read_scored_group(data: Mapping[str, Any], limits: Limits, served: ServedLog, uid: str) -> ScoredGroup:
@@ -51,7 +53,7 @@ def read_scored_group(data: Mapping[str, Any], limits: Limits, served: ServedLog
     for index, (sequence, mask) in enumerate(zip(tokens, masks)):
         _check_sequence(index, sequence, mask, limits)
     prompt = _shared_prompt(tokens, masks)
-    completions = tuple(_completion(i, seq, mask, len(prompt), served, float(score))
+    completions = tuple(_completion(i, seq, mask, len(prompt), served, float(score), limits.temperature)
                         for i, (seq, mask, score) in enumerate(zip(tokens, masks, scores)))
     task = Task(uid, question="", answer="", metadata={"env_id": data.get("env_id")})
     return ScoredGroup(RolloutGroup(task, tuple(prompt), completions), tuple(float(s) for s in scores))
@@ -96,7 +98,7 @@ def _shared_prompt(tokens: Sequence[Sequence[int]], masks: Sequence[Sequence[int
 
 
 def _completion(index: int, sequence: Sequence[int], mask: Sequence[int], start: int, served: ServedLog,
-                score: float) -> Completion:
+                score: float, temperature: float | None) -> Completion:
     trained = [m != NOT_TRAINED for m in mask]
     logprobs = [0.0] * (len(sequence) - start)
     versions: list[tuple[int, int]] = []  # (offset in the completion, version) wherever a span starts or switches
@@ -105,6 +107,10 @@ def _completion(index: int, sequence: Sequence[int], mask: Sequence[int], start:
         if record is None:
             raise RefusedGroup(f"sequence {index}: tokens {begin}..{end - 1} are not a completion the engine served "
                                "after exactly the tokens before them (re-tokenised text, or another server's output)")
+        if temperature is not None and record.temperature is not None and record.temperature != temperature:
+            raise RefusedGroup(f"sequence {index}: tokens {begin}..{end - 1} were sampled at temperature "
+                               f"{record.temperature}, the run trains at {temperature} (run.temperature): their "
+                               "log-probs are of another distribution; sample training groups at the run's temperature")
         logprobs[begin - start : end - start] = record.logprobs
         versions.append((begin - start, record.policy_version))
         versions += [(begin - start + at, version) for at, version in record.version_switches]

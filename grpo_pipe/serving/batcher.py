@@ -112,7 +112,7 @@ class RequestBatcher:
             for request, output in zip(group, outputs):
                 if self.served is not None:
                     for completion in output:
-                        self.served.record(request.prompt, completion)
+                        self.served.record(request.prompt, completion, key.temperature)
                 request.done.set_result(list(output))
 
 

@@ -25,6 +25,7 @@ class ServedCompletion:
     logprobs: tuple[float, ...]
     policy_version: int
     version_switches: tuple[tuple[int, int], ...]
+    temperature: float | None = None  # what it was sampled at (its log-probs are of that distribution)
 
 
 class ServedLog:
@@ -35,8 +36,9 @@ class ServedLog:
         self._entries: OrderedDict[bytes, ServedCompletion] = OrderedDict()
         self._lock = threading.Lock()
 
-    def record(self, prompt: Sequence[int], completion: Completion) -> None:
-        entry = ServedCompletion(tuple(completion.logprobs), completion.policy_version, completion.version_switches)
+    def record(self, prompt: Sequence[int], completion: Completion, temperature: float | None = None) -> None:
+        entry = ServedCompletion(tuple(completion.logprobs), completion.policy_version, completion.version_switches,
+                                 temperature)
         key = _digest(prompt, completion.token_ids)
         with self._lock:
             self._entries[key] = entry

@@ -66,3 +66,12 @@ def test_a_scored_group_reads_as_our_group_with_the_engines_logprobs_and_version
 def test_a_malformed_or_foreign_group_is_refused_with_its_reason(changes: dict[str, Any], says: str) -> None:
     with pytest.raises(RefusedGroup, match=says):
         read_scored_group(_group(**changes), LIMITS, _log(), "atropos/0")
+
+
+def test_a_span_sampled_at_another_temperature_than_the_runs_is_refused() -> None:
+    log = ServedLog()
+    log.record((1, 2, 3), Completion((10, 11), (-0.5, -1.5), "", "stop", 4, RequestTelemetry(0, 0, 0)), temperature=0.7)
+    data = {"tokens": [[1, 2, 3, 10, 11]], "masks": [[M, M, M, 10, 11]], "scores": [1.0]}
+    assert read_scored_group(data, Limits(100, 16, temperature=0.7), log, "a/0").scores == (1.0,)
+    with pytest.raises(RefusedGroup, match="sampled at temperature 0.7, the run trains at 1.0"):
+        read_scored_group(data, Limits(100, 16, temperature=1.0), log, "a/0")
