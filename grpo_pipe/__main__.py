@@ -98,6 +98,7 @@ def run_job(cfg: DictConfig) -> float:
     """Run one job; returns `run.objective` (NaN when the run did not log it) for a sweeper such as Optuna."""
     from grpo_pipe.checkpointing import CheckpointWriteError
     from grpo_pipe.pipeline import run
+    from grpo_pipe.rewards.python_fn import RewardFunctionError
 
     try:
         job = job_context()
@@ -109,6 +110,12 @@ def run_job(cfg: DictConfig) -> float:
         sys.exit(2)
     except CheckpointWriteError as err:  # disk full, ...: the message says what, where, and how to continue
         log.error("Stopped: %s", err)
+        sys.exit(1)
+    except RewardFunctionError as err:  # the user's code: one paragraph here, the traceback in the log file
+        logging.getLogger("grpo_pipe.traceback").error("reward function failed", exc_info=True)
+        log.error("Stopped: %s. Fix the function (it is tried on four data rows before the engine starts, but this "
+                  "completion reached it only now); the traceback is in %s/grpo_pipe.log", err,
+                  HydraConfig.get().runtime.output_dir)
         sys.exit(1)
     if result.stopped_by is not None:  # stopped by a signal after a checkpoint: resumable, not finished
         log.warning("Stopped by %s; continue with: python -m grpo_pipe resume=%s", result.stopped_by,

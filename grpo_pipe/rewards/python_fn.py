@@ -24,6 +24,7 @@ import importlib
 import importlib.util
 import inspect
 import math
+import numbers
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -87,9 +88,8 @@ class PythonFunctionReward:
                     f"{', '.join(columns)} (or **kwargs)"]
         try:
             call_reward_function(self.function(), groups, self.fn, self.completions)
-        except Exception as err:  # noqa: BLE001 - anything the user's function raises is reported, with its type
-            return [f"fn={self.fn!r}: called on {len(groups)} rows of the data with the completion {PLACEHOLDER!r} it "
-                    f"raised {type(err).__name__}: {err}"]
+        except RewardFunctionError as err:  # what it raised or returned, with the task
+            return [f"fn={self.fn!r}: called on {len(groups)} rows of the data with the completion {PLACEHOLDER!r}: {err}"]
         return []
 
     def __call__(self, groups: Sequence[RolloutGroup]) -> RewardOutput:
@@ -100,6 +100,11 @@ class PythonFunctionReward:
         return RewardOutput(values=values, terms=terms, correct=correct)
 
 
+class RewardFunctionError(RuntimeError):
+    """The user's reward function failed or returned what a reward cannot be; the message names the function, the
+    task and completion where it applies, and what is allowed."""
+
+
 def call_reward_function(function: RewardFn, groups: Sequence[RolloutGroup], label: str,
                          completions: CompletionShape = "auto") -> list[float | None]:
     """Call `function` TRL-style on every completion of `groups`; check what it returns."""
@@ -108,13 +113,27 @@ def call_reward_function(function: RewardFn, groups: Sequence[RolloutGroup], lab
     if not _takes_any_keyword(function):
         names = set(inspect.signature(function).parameters)
         columns = {k: v for k, v in columns.items() if k in names}
-    result = list(function(**columns))
+    try:
+        result = list(function(**columns))
+    except Exception as err:
+        raise RewardFunctionError(f"reward function {label} raised {type(err).__name__}: {err}") from err
     if len(result) != count:
-        raise ValueError(f"reward function {label} returned {len(result)} values for {count} completions")
-    for value in result:
-        if value is not None and (not isinstance(value, (int, float)) or not math.isfinite(float(value))):
-            raise TypeError(f"reward function {label} returned {value!r}; allowed: a finite number or None")
-    return result
+        raise RewardFunctionError(f"reward function {label} returned {len(result)} values for {count} completions")
+    for index, value in enumerate(result):
+        if value is not None and (not isinstance(value, numbers.Real) or not math.isfinite(float(value))):
+            task, text = _where(groups, index)
+            raise RewardFunctionError(f"reward function {label} returned {value!r} for task {task} (completion "
+                                      f"{text[:80]!r}); allowed: a finite number or None (None: does not apply)")
+    return [None if v is None else float(v) for v in result]
+
+
+def _where(groups: Sequence[RolloutGroup], index: int) -> tuple[str, str]:
+    """The task uid and completion text of the `index`-th completion of `groups`."""
+    for group in groups:
+        if index < len(group.completions):
+            return group.task.uid, group.completions[index].text
+        index -= len(group.completions)
+    return "?", ""
 
 
 def _named_parameters(function: RewardFn) -> set[str]:

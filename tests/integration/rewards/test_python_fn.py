@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_pipe.rewards.python_fn import PythonFunctionReward
+from grpo_pipe.rewards.python_fn import PythonFunctionReward, RewardFunctionError
 from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, Task
 
 SEEN: dict = {}
@@ -76,7 +76,7 @@ def conversational(completions, answer, **_):
 def test_completions_are_message_lists_where_the_prompt_is_chat_messages_as_in_trl() -> None:
     text_prompt, chat_prompt = _groups()
     assert PythonFunctionReward(f"{__name__}:conversational")([chat_prompt]).values == [1.0, 0.0]
-    with pytest.raises(TypeError):  # a plain-text prompt gives plain-text completions, as TRL does
+    with pytest.raises(RewardFunctionError, match="raised TypeError"):  # text prompt, text completions, as in TRL
         PythonFunctionReward(f"{__name__}:conversational")([text_prompt])
     assert PythonFunctionReward(f"{__name__}:conversational", completions="messages")([text_prompt]).values == [1.0, 0.0]
     assert PythonFunctionReward(f"{__name__}:trl_accuracy", completions="text")([chat_prompt]).values == [1.0, 0.0]
@@ -115,7 +115,7 @@ def test_a_function_from_a_file_path(tmp_path: Path) -> None:
 
 
 def test_a_wrong_number_of_values_is_an_error() -> None:
-    with pytest.raises(ValueError, match="returned 1 values for 4 completions"):
+    with pytest.raises(RewardFunctionError, match="returned 1 values for 4 completions"):
         PythonFunctionReward(f"{__name__}:wrong_length")(_groups())
 
 
@@ -133,8 +133,8 @@ def test_a_trl_shaped_function_gets_the_answer_column_under_its_own_name() -> No
 
 @pytest.mark.parametrize(("fn", "says"), [
     ("raises", "raised KeyError: 'level'"),
-    ("infinite", "returned inf; allowed: a finite number or None"),
-    ("not_a_number", "returned nan; allowed: a finite number or None"),
+    ("infinite", "returned inf for task a (completion 'The answer is 0.'); allowed: a finite number or None"),
+    ("not_a_number", "returned nan for task a (completion 'The answer is 0.'); allowed: a finite number or None"),
     ("misspelt", "takes answr, which the data does not give; it can take: answer, answers, completion_ids, completions, "
                  "level, prompts (or **kwargs)"),
 ])
@@ -145,10 +145,11 @@ def test_a_broken_function_is_found_on_a_few_rows_before_the_engine_starts(fn: s
     assert PythonFunctionReward(f"{__name__}:trl_accuracy", completions="text").try_on(tasks) == []
 
 
-def test_non_finite_values_are_errors_wherever_the_reward_is_computed() -> None:
-    for fn in ("infinite", "not_a_number"):
-        with pytest.raises(TypeError, match="allowed: a finite number or None"):
-            PythonFunctionReward(f"{__name__}:{fn}")(_groups())
+def test_non_finite_values_are_errors_wherever_the_reward_is_computed_naming_task_and_completion() -> None:
+    for fn, value in (("infinite", "inf"), ("not_a_number", "nan")):
+        with pytest.raises(RewardFunctionError, match=f"returned {value} for task a \\(completion '7'\\); allowed: "
+                                                      "a finite number or None"):
+            PythonFunctionReward(f"{__name__}:{fn}", completions="text")(_groups())
 
 
 def test_a_reward_that_raises_fails_the_job_in_seconds_before_any_model_loads(tmp_path: Path) -> None:
@@ -169,6 +170,27 @@ def test_a_reward_that_raises_fails_the_job_in_seconds_before_any_model_loads(tm
     assert "mine.py:score': called on 4 rows of the data with the completion" in flat, out[-2000:]
     assert "raised ZeroDivisionError: division by zero" in flat
     assert "vLLM engine up" not in out and "Loading weights" not in out
+
+
+def test_a_reward_that_fails_only_on_real_completions_stops_the_run_with_one_paragraph(tmp_path: Path) -> None:
+    """It passes the early try (the placeholder) and fails on the first real completion: the console gets one paragraph
+    naming the function, the task and the completion; the traceback goes to the run's log file."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, TINY
+
+    (tmp_path / "mine.py").write_text(
+        "def score(completions, **kw):\n    return [0.0 if c == 'The answer is 0.' else float('-inf') for c in completions]\n")
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "grpo_pipe", *TINY, "reward=python", f"reward.fn={tmp_path}/mine.py:score",
+               "logger=none", f"hydra.run.dir={run_dir}"]
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    flat = " ".join((done.stdout + done.stderr).split())
+    assert done.returncode == 1, flat[-2000:]
+    assert "Stopped: reward function" in flat and "mine.py:score returned -inf for task" in flat and "(completion " in flat
+    assert "Traceback" not in done.stdout + done.stderr
+    assert "Traceback" in (run_dir / "grpo_pipe.log").read_text()
 
 
 def test_a_weighted_reward_tries_its_user_code_parts_and_names_them() -> None:
