@@ -89,6 +89,12 @@ def build_app(batcher: RequestBatcher, model: ServedModel, token: str, timeout_s
         return JSONResponse(status_code=400, content={"error": {"message": str(err), "type": "invalid_request_error",
                                                                 "code": 400}})
 
+    @app.exception_handler(TimeoutError)
+    async def timed_out(_: Request, err: TimeoutError) -> JSONResponse:
+        return JSONResponse(status_code=504, content={"error": {
+            "message": f"the engine did not answer within {timeout_s:.0f} s (busy training, or stopping); try again",
+            "type": "timeout", "code": 504}})
+
     @app.get("/health", dependencies=[Depends(auth)])
     async def health() -> dict[str, str]:
         return {"status": "ok"}

@@ -113,3 +113,16 @@ def test_the_endpoint_refuses_a_host_other_machines_reach_unless_allowed() -> No
         EngineEndpoint(GatedEngine(), model, host="0.0.0.0")  # type: ignore[arg-type]
     assert EngineEndpoint(GatedEngine(), model, host="0.0.0.0", allow_remote=True).host == "0.0.0.0"  # type: ignore[arg-type]
     assert len(EngineEndpoint(GatedEngine(), model).token) >= 32  # type: ignore[arg-type]
+
+
+def test_a_request_the_engine_does_not_answer_in_time_gets_504_with_the_reason() -> None:
+    engine = GatedEngine()  # its gate stays shut: the engine never answers
+    batcher = RequestBatcher(engine)  # type: ignore[arg-type]
+    model = ServedModel("tiny", CharTokenizer(), max_model_len=64, vocab_size=300)
+    try:
+        answer = TestClient(build_app(batcher, model, TOKEN, timeout_s=0.2)).post(
+            "/v1/completions", headers=AUTH, json={"prompt": "ab", "max_tokens": 4})
+    finally:
+        engine.gate.set()
+        batcher.close()
+    assert answer.status_code == 504 and "did not answer within" in answer.json()["error"]["message"]
