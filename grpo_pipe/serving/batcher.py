@@ -81,7 +81,8 @@ class RequestBatcher:
             pending, self._queue = list(self._queue), deque()
             self._wake.notify()
         for request in pending:
-            request.done.set_exception(RuntimeError("the endpoint shut down before this request was served"))
+            if request.done.set_running_or_notify_cancel():  # False: its client gave up already
+                request.done.set_exception(RuntimeError("the endpoint shut down before this request was served"))
         self._worker.join(timeout=5)
 
     def _serve(self) -> None:
@@ -91,7 +92,9 @@ class RequestBatcher:
                     self._wake.wait()
                 if self._closed:
                     return
-                batch = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_prompts_per_call))]
+                taken = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_prompts_per_call))]
+            # A request whose client gave up (timed out) is cancelled and not sent; the others can no longer be.
+            batch = [r for r in taken if r.done.set_running_or_notify_cancel()]
             for key, requests in _by_key(batch).items():
                 self._run(key, requests)
 

@@ -119,10 +119,17 @@ def test_a_request_the_engine_does_not_answer_in_time_gets_504_with_the_reason()
     engine = GatedEngine()  # its gate stays shut: the engine never answers
     batcher = RequestBatcher(engine)  # type: ignore[arg-type]
     model = ServedModel("tiny", CharTokenizer(), max_model_len=64, vocab_size=300)
+    client = TestClient(build_app(batcher, model, TOKEN, timeout_s=0.2))
     try:
-        answer = TestClient(build_app(batcher, model, TOKEN, timeout_s=0.2)).post(
-            "/v1/completions", headers=AUTH, json={"prompt": "ab", "max_tokens": 4})
+        answer = client.post("/v1/completions", headers=AUTH, json={"prompt": "ab", "max_tokens": 4})
+        late = client.post("/v1/completions", headers=AUTH, json={"prompt": "cd", "max_tokens": 4})  # queued, gives up
+        assert answer.status_code == late.status_code == 504
+        assert "did not answer within" in answer.json()["error"]["message"]
+        engine.gate.set()  # the engine answers the first at last; the abandoned request is not sent
+        served = TestClient(build_app(batcher, model, TOKEN, timeout_s=30)).post(
+            "/v1/completions", headers=AUTH, json={"prompt": "ef", "max_tokens": 4})
+        assert served.status_code == 200  # the batcher lived through the abandoned requests
     finally:
         engine.gate.set()
         batcher.close()
-    assert answer.status_code == 504 and "did not answer within" in answer.json()["error"]["message"]
+    assert [prompts for prompts, _ in engine.calls] == [[(97, 98)], [(101, 102)]]
