@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import sys
 from dataclasses import replace
@@ -76,6 +77,15 @@ def main() -> None:
     run_job()
 
 
+def _forget_unstarted_job(folder: Path) -> None:
+    """A job refused before it started leaves no folder behind: only Hydra's files and the log (which said why, on the
+    console too) would be in it. A folder holding anything else (a resumed run's checkpoints) is kept."""
+    kept = {".hydra", "grpo_pipe.log"}
+    if folder.is_dir() and all(entry.name in kept for entry in folder.iterdir()):
+        logging.shutdown()  # the log file is closed before it goes
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def versions() -> str:
     """grpo_pipe's version and those of the libraries a run's numbers depend on (what a bug report needs)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -107,6 +117,7 @@ def run_job(cfg: DictConfig) -> float:
         result = run(cfg, job)
     except ConfigError as err:
         log.error("%s", err)
+        _forget_unstarted_job(Path(HydraConfig.get().runtime.output_dir))
         sys.exit(2)
     except CheckpointWriteError as err:  # disk full, ...: the message says what, where, and how to continue
         log.error("Stopped: %s", err)

@@ -19,7 +19,7 @@ from grpo_pipe.components import PLAIN_KEYS, VALIDATED_GROUPS, Components, build
 from grpo_pipe.config.validate import ConfigError
 from grpo_pipe.interfaces import Tracker
 from grpo_pipe.progress import format_metrics
-from grpo_pipe.recipe import GRPORecipe, RunResult
+from grpo_pipe.recipe import GRPORecipe, RunResult, check_data_and_reward
 from grpo_pipe.stopping import StopRequest
 from grpo_pipe.types import Ledger
 
@@ -46,6 +46,8 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
     resume_from = _resume_checkpoint(cfg, job)  # refuses a changed config before anything loads
     if resume_from is not None and resume_from.step >= parts.trainer.steps:
         return _already_finished(resume_from, parts.trainer.steps)
+    # The data and the user's reward, seconds in: a mistake there fails before the tracked run exists (no FAILED run)
+    check_data_and_reward(parts, parts.data.train_tasks(), list(parts.data.eval_tasks()))
     tracker = parts.logger
     if resume_from is not None:
         parts.checkpoint.resume_in(resume_from.path.parent)

@@ -67,8 +67,7 @@ class GRPORecipe:
     def setup(self) -> None:
         """Load the model, start the engine and the trainer, connect the bridge, prepare the evaluation."""
         p, settings = self.parts, self.parts.run
-        train_tasks, eval_tasks = p.data.train_tasks(), list(p.data.eval_tasks())
-        check_data_and_reward(p, train_tasks, eval_tasks)  # seconds in, before any model loads
+        train_tasks, eval_tasks = p.data.train_tasks(), list(p.data.eval_tasks())  # checked by the pipeline already
         self.model_path = p.model.materialize()
         tokenizer = p.model.tokenizer()
         p.curriculum.attach(train_tasks)

@@ -59,12 +59,18 @@ def _bad_data(tmp_path):
 
 
 def test_by_default_a_broken_row_is_an_error_naming_file_and_line(tmp_path) -> None:
-    """From outside, as a user meets it: one block in the config-error format, in seconds, no model loaded."""
+    """From outside, as a user meets it: one block in the config-error format, in seconds, no model loaded; no
+    tracked run and no output folder are left behind."""
+    store = tmp_path / "mlflow.db"
     command = [sys.executable, "-m", "grpo_pipe", *TINY, "data=gsm8k", f"data.path={_bad_data(tmp_path)}",
-               "logger=none", f"hydra.run.dir={tmp_path}/run"]
+               f"logger.tracking_uri=sqlite:///{store}", f"logger.artifact_location={tmp_path}/artifacts",
+               f"hydra.run.dir={tmp_path}/run"]
     done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
     flat = " ".join((done.stdout + done.stderr).split())
-    assert done.returncode != 0
+    assert done.returncode == 2, flat[-2000:]
+    assert not (tmp_path / "run").exists()
+    assert not store.exists() or not MlflowClient(f"sqlite:///{store}").search_runs(
+        [e.experiment_id for e in MlflowClient(f"sqlite:///{store}").search_experiments()])
     assert "data: 1 of 9 rows cannot be used (gsm8k/train.jsonl:4: unparsable row" in flat, flat[-2000:]
     assert "data.max_bad_fraction (now 0.0, needed >= 0.111)" in flat
     assert "Loading weights" not in flat and "vLLM engine up" not in flat
