@@ -57,6 +57,8 @@ class RequestBatcher:
         self._queue: deque[Request] = deque()
         self._wake = threading.Condition()
         self._closed = False
+        self._open = True  # False while paused: requests wait, the engine is the trainer's
+        self._busy = False  # an engine call is in flight
         self._worker = threading.Thread(target=self._serve, name="grpo-endpoint-batcher", daemon=True)
         self._worker.start()
 
@@ -71,15 +73,33 @@ class RequestBatcher:
             if self._closed:
                 raise RuntimeError("the endpoint is shutting down")
             self._queue.append(request)
-            self._wake.notify()
+            self._wake.notify_all()
         return request.done
+
+    @property
+    def paused(self) -> bool:
+        with self._wake:
+            return not self._open
+
+    def pause(self) -> None:
+        """Hold new rounds back and return once the round in flight is done: the engine is free for its owner
+        (a weight sync, a held-out evaluation) until `resume`. Requests keep queueing meanwhile."""
+        with self._wake:
+            self._open = False
+            while self._busy:
+                self._wake.wait()
+
+    def resume(self) -> None:
+        with self._wake:
+            self._open = True
+            self._wake.notify_all()
 
     def close(self) -> None:
         """Stop taking requests; those still queued fail with a clear error, the round in flight finishes."""
         with self._wake:
             self._closed = True
             pending, self._queue = list(self._queue), deque()
-            self._wake.notify()
+            self._wake.notify_all()
         for request in pending:
             if request.done.set_running_or_notify_cancel():  # False: its client gave up already
                 request.done.set_exception(RuntimeError("the endpoint shut down before this request was served"))
@@ -88,15 +108,21 @@ class RequestBatcher:
     def _serve(self) -> None:
         while True:
             with self._wake:
-                while not self._queue and not self._closed:
+                while (not self._queue or not self._open) and not self._closed:
                     self._wake.wait()
                 if self._closed:
                     return
                 taken = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_prompts_per_call))]
-            # A request whose client gave up (timed out) is cancelled and not sent; the others can no longer be.
-            batch = [r for r in taken if r.done.set_running_or_notify_cancel()]
-            for key, requests in _by_key(batch).items():
-                self._run(key, requests)
+                self._busy = True
+            try:
+                # A request whose client gave up (timed out) is cancelled and not sent; the others can no longer be.
+                batch = [r for r in taken if r.done.set_running_or_notify_cancel()]
+                for key, requests in _by_key(batch).items():
+                    self._run(key, requests)
+            finally:
+                with self._wake:
+                    self._busy = False
+                    self._wake.notify_all()
 
     def _run(self, key: SamplingKey, requests: Sequence[Request]) -> None:
         # A seeded request is sampled alone, so its samples depend on its seed and not on what else was waiting.

@@ -89,3 +89,24 @@ def test_closing_fails_what_still_waits_with_a_clear_error() -> None:
     closer.join(30)
     with pytest.raises(RuntimeError, match="shutting down"):
         batcher.submit(Request((3,), 1, 4, KEY))
+
+
+def test_a_paused_batcher_finishes_its_round_holds_the_rest_and_resumes() -> None:
+    engine = GatedEngine()
+    batcher = RequestBatcher(engine)  # type: ignore[arg-type]
+    try:
+        first = batcher.submit(Request((1, 2), 1, 4, KEY))
+        assert engine.entered.wait(30)
+        pausing = threading.Thread(target=batcher.pause)
+        pausing.start()
+        held = batcher.submit(Request((3, 4), 1, 4, KEY))
+        _wait_until(lambda: batcher.paused)  # paused before the round in flight ends
+        engine.gate.set()
+        pausing.join(30)
+        assert not pausing.is_alive() and first.result(30)[0].token_ids == (2, 1)  # pause waited for the round
+        assert not held.done() and batcher.waiting == 1 and len(engine.calls) == 1  # the engine is the owner's now
+        batcher.resume()
+        assert held.result(30)[0].token_ids == (4, 3)
+    finally:
+        engine.gate.set()
+        batcher.close()
