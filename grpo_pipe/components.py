@@ -21,6 +21,7 @@ from grpo_pipe.interfaces import (
     GeneratesInBackground,
     ModelSource,
     Placement,
+    ProvidesRollouts,
     RecordsRequestTimestamps,
     Reward,
     RolloutEngine,
@@ -31,6 +32,7 @@ from grpo_pipe.interfaces import (
     WeightBridge,
     reads_request_timestamps,
 )
+from grpo_pipe.rewards.environment import EnvironmentReward
 from grpo_pipe.run_state import RunSettings
 
 log = logging.getLogger(__name__)
@@ -101,6 +103,9 @@ def combination_problems(parts: Components) -> list[str]:
             f"rollout_scheduler.max_staleness={staleness} < weight_bridge.sync_every - 1 = {sync_every - 1}: "
             "between syncs the engine lags up to sync_every - 1 versions; raise max_staleness or sync more often"
         )
+    if isinstance(parts.environment, ProvidesRollouts) and not isinstance(parts.reward, EnvironmentReward):
+        problems.append(f"environment={type(parts.environment).__name__}: the environments score their groups; train on "
+                        f"their scores with reward=environment (got {type(parts.reward).__name__})")
     if parts.placement.sleep_level > 0 and not parts.rollout.enable_sleep_mode:
         problems.append(f"placement.sleep_level={parts.placement.sleep_level} needs rollout.enable_sleep_mode=true")
     return problems

@@ -24,7 +24,7 @@ from grpo_pipe.data.rows import bad_rows_problem
 from grpo_pipe.episodes.transcripts import write_episode_page
 from grpo_pipe.halt import halt_point
 from grpo_pipe.held_out import HeldOutEvaluation
-from grpo_pipe.interfaces import HasSourceFiles, RolloutSource, TriesOnTasks
+from grpo_pipe.interfaces import HasSourceFiles, ProvidesRollouts, RolloutSource, TriesOnTasks
 from grpo_pipe.models.custom_code import loader_options
 from grpo_pipe.progress import StepProgress, format_metrics
 from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
@@ -84,11 +84,17 @@ class GRPORecipe:
         seed = settings.seed if settings.seeded_sampling else None
         self.sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens, seed,
                                          dict(settings.sampling_extra))
-        self.scheduler: RolloutSource = p.rollout_scheduler(
-            self.engine, p.curriculum.next_batch, render, self.sampling, total_steps=p.trainer.steps,
-            prompt_limit=self.engine.max_model_len - p.environment.completion_budget(settings.max_new_tokens),
-            overlong_prompts=settings.overlong_prompts, episodes=p.environment,
-        )
+        self.scheduler: RolloutSource
+        if isinstance(p.environment, ProvidesRollouts):  # environment services sample and score on their own
+            self.scheduler = p.environment.rollout_source(
+                self.engine, self.sampling, max_staleness=p.max_staleness, total_steps=p.trainer.steps,
+                log_dir=self.output_dir / "environments")
+        else:
+            self.scheduler = p.rollout_scheduler(
+                self.engine, p.curriculum.next_batch, render, self.sampling, total_steps=p.trainer.steps,
+                prompt_limit=self.engine.max_model_len - p.environment.completion_budget(settings.max_new_tokens),
+                overlong_prompts=settings.overlong_prompts, episodes=p.environment,
+            )
         eval_tasks = eval_tasks[: settings.eval_size]
         self.held_out = HeldOutEvaluation(
             prompts=[render(t) for t in eval_tasks], tasks=eval_tasks, reward=p.reward, plan=settings.eval_plan(),

@@ -9,6 +9,7 @@ import re
 from collections.abc import Sequence
 
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
@@ -27,12 +28,20 @@ def override_problems(args: Sequence[str]) -> list[str]:
 
 
 def unknown_option_problems(args: Sequence[str]) -> list[str]:
-    """`group=option` overrides (sweep lists included) whose option is not a yaml of conf/<group>/, with the
-    nearest option and every allowed one."""
+    """`group=option` overrides (sweep lists included) whose option no config source has (the shipped conf/, a
+    ./conf/ of the user's), with the nearest option and every allowed one."""
+    picks = [a for a in args if "=" in a and not a.startswith("-") and _is_group_key(a.partition("=")[0])]
+    if not picks:
+        return []
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        known = set(loader.list_groups(""))
+        groups = {key: sorted(loader.get_group_options(key)) for key in {a.partition("=")[0] for a in picks}
+                  if key in known}
     problems = []
-    for arg in args:
-        key, sep, value = arg.partition("=")
-        options = _group_options(key) if sep and not arg.startswith("-") else None
+    for arg in picks:
+        key, _, value = arg.partition("=")
+        options = groups.get(key)
         if options is None:
             continue
         for option in (v.strip() for v in value.split(",")):
@@ -43,12 +52,9 @@ def unknown_option_problems(args: Sequence[str]) -> list[str]:
     return problems
 
 
-def _group_options(key: str) -> list[str] | None:
-    """The options of config group `key` (None: `key` is not a group of conf/)."""
-    if "." in key or key.startswith(("+", "~", "hydra")) or "/" in key:
-        return None
-    folder = CONF_DIR / key
-    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else None
+def _is_group_key(key: str) -> bool:
+    """`key=...` picks a config group's option (not a setting, an appended key, a deletion or Hydra's own)."""
+    return "." not in key and "/" not in key and not key.startswith(("+", "~", "hydra"))
 
 
 def unknown_key_problems(args: Sequence[str]) -> list[str]:

@@ -10,12 +10,13 @@ ends any wait at once.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,10 @@ class AtroposApi:
                 last_report = time.monotonic()
             if self.stop.wait(self.poll_s):
                 raise InterruptedError("the run is stopping")
+
+    def poll_once(self) -> None:
+        """Ask for a batch once, expecting none: Atropos accepts environments only after the trainer asked."""
+        self._try_batch()
 
     def close(self) -> None:
         self._http.close()
@@ -163,3 +168,60 @@ def _answers(url: str) -> bool:
         return httpx.get(f"{url}/", timeout=2.0).status_code == 200
     except httpx.TransportError:
         return False
+
+
+class EnvironmentProcesses:
+    """The environment processes the run starts (each `python SCRIPT serve ...` on atroposlib's BaseEnv), told where
+    the endpoint, its token, the tokenizer and the API server are; one that dies is restarted up to `max_restarts`
+    times in all (counted), then the run stops with its log's last lines."""
+
+    def __init__(self, commands: Sequence[Sequence[str]], connection: Sequence[str], log_dir: Path,
+                 max_restarts: int = 3, env: Mapping[str, str] | None = None) -> None:
+        self.commands = [list(c) for c in commands]
+        self.connection = list(connection)  # flags every process gets after its own (the run's endpoint and API)
+        self.log_dir = log_dir
+        self.max_restarts = max_restarts
+        self.env = dict(env or {})
+        self.restarts = 0
+        self.processes: list[subprocess.Popen[bytes] | None] = [None] * len(self.commands)
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for index in range(len(self.commands)):
+            self._start(index)
+
+    def check(self) -> None:
+        """Restart those that died (counted); RuntimeError once the restarts are spent."""
+        for index, process in enumerate(self.processes):
+            if process is None or process.poll() is None:
+                continue
+            if self.restarts >= self.max_restarts:
+                tail = self._log(index).read_text(errors="replace")[-1500:]
+                raise RuntimeError(f"environment process {index} ({' '.join(self.commands[index][:2])}) exited with "
+                                   f"{process.returncode} after {self.restarts} restarts; its log ends:\n{tail}")
+            self.restarts += 1
+            log.warning("environment process %d exited with %s; restarting it (%d of %d)", index, process.returncode,
+                        self.restarts, self.max_restarts)
+            self._start(index)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        for process in self.processes:
+            if process is not None and process.poll() is None:
+                process.terminate()
+        for process in self.processes:
+            if process is None:
+                continue
+            try:
+                process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+    def _start(self, index: int) -> None:
+        command = [sys.executable, *self.commands[index], *self.connection]
+        with self._log(index).open("ab") as out:
+            self.processes[index] = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
+                                                     env={**os.environ, **self.env})
+
+    def _log(self, index: int) -> Path:
+        return self.log_dir / f"environment-{index}.log"

@@ -26,7 +26,14 @@ from grpo_pipe.interfaces.rewards import (
     TriesOnTasks,
     reads_request_timestamps,
 )
-from grpo_pipe.interfaces.sources import Curriculum, ModelSource, RolloutSource, RolloutSourceFactory, TaskSource
+from grpo_pipe.interfaces.sources import (
+    Curriculum,
+    ModelSource,
+    ProvidesRollouts,
+    RolloutSource,
+    RolloutSourceFactory,
+    TaskSource,
+)
 from grpo_pipe.interfaces.training import Placement, PolicyLoss, Trainer
 from grpo_pipe.interfaces.weights import AdapterPolicy, ModulePolicy, Policy, WeightBridge
 
@@ -37,6 +44,7 @@ __all__ = [
     "ChecksItsConfig",
     "Curriculum",
     "EpisodeRunner",
+    "ProvidesRollouts",
     "GeneratesInBackground",
     "HasSourceFiles",
     "InProcessModelEngine",

@@ -112,3 +112,12 @@ class RolloutSourceFactory(Protocol):
         render: Callable[[Task], tuple[int, ...]], sampling: SamplingSettings, *, total_steps: int,
         prompt_limit: int | None, overlong_prompts: str, episodes: EpisodeRunner,
     ) -> RolloutSource: ...
+
+
+@runtime_checkable
+class ProvidesRollouts(Protocol):
+    """An environment that brings its own training groups (`environment=atropos`: services that sample through the
+    run's endpoint and score): the recipe takes its batches from this source instead of the rollout scheduler."""
+
+    def rollout_source(self, engine: RolloutEngine, sampling: SamplingSettings, *, max_staleness: int,
+                       total_steps: int, log_dir: Path) -> RolloutSource: ...

@@ -24,6 +24,10 @@ from grpo_pipe.types import Completion, SamplingSettings
 log = logging.getLogger(__name__)
 
 
+class EndpointClosed(RuntimeError):
+    """The endpoint is shutting down: the request was not, and will not be, served."""
+
+
 @dataclass(frozen=True)
 class SamplingKey:
     """What requests must share to go to the engine in one call (everything but the token budget and the seed)."""
@@ -71,7 +75,7 @@ class RequestBatcher:
     def submit(self, request: Request) -> Future[list[Completion]]:
         with self._wake:
             if self._closed:
-                raise RuntimeError("the endpoint is shutting down")
+                raise EndpointClosed("the endpoint is shutting down")
             self._queue.append(request)
             self._wake.notify_all()
         return request.done
@@ -102,7 +106,7 @@ class RequestBatcher:
             self._wake.notify_all()
         for request in pending:
             if request.done.set_running_or_notify_cancel():  # False: its client gave up already
-                request.done.set_exception(RuntimeError("the endpoint shut down before this request was served"))
+                request.done.set_exception(EndpointClosed("the endpoint shut down before this request was served"))
         self._worker.join(timeout=5)
 
     def _serve(self) -> None:

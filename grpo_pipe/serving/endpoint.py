@@ -60,6 +60,15 @@ class EngineEndpoint:
         self.port = _bound_port(self._server) or self.port
         log.info("engine endpoint serving %s on %s", self.model.name, self.base_url)
 
+    def pause(self) -> None:
+        """Finish the engine call in flight and hold requests back: the engine is the run's until `resume`."""
+        if self.batcher is not None:
+            self.batcher.pause()
+
+    def resume(self) -> None:
+        if self.batcher is not None:
+            self.batcher.resume()
+
     def stop(self) -> None:
         if self._server is not None:
             self._server.should_exit = True

@@ -22,8 +22,8 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from grpo_pipe.serving.batcher import EndpointClosed, RequestBatcher, SamplingKey
 from grpo_pipe.serving.batcher import Request as EngineRequest
-from grpo_pipe.serving.batcher import RequestBatcher, SamplingKey
 from grpo_pipe.types import Completion
 
 MAX_SAMPLES = 256  # n per request: an environment's group, with room to spare
@@ -88,6 +88,10 @@ def build_app(batcher: RequestBatcher, model: ServedModel, token: str, timeout_s
     async def bad_request(_: Request, err: BadRequest) -> JSONResponse:
         return JSONResponse(status_code=400, content={"error": {"message": str(err), "type": "invalid_request_error",
                                                                 "code": 400}})
+
+    @app.exception_handler(EndpointClosed)
+    async def closing(_: Request, err: EndpointClosed) -> JSONResponse:
+        return JSONResponse(status_code=503, content={"error": {"message": str(err), "type": "unavailable", "code": 503}})
 
     @app.exception_handler(TimeoutError)
     async def timed_out(_: Request, err: TimeoutError) -> JSONResponse:

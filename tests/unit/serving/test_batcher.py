@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from grpo_pipe.serving.batcher import Request, RequestBatcher, SamplingKey
+from grpo_pipe.serving.batcher import EndpointClosed, Request, RequestBatcher, SamplingKey
 from tests.fakes import GatedEngine
 
 KEY = SamplingKey(temperature=1.0, top_p=1.0)
@@ -83,11 +83,11 @@ def test_closing_fails_what_still_waits_with_a_clear_error() -> None:
     _wait_until(lambda: batcher.waiting == 1)
     closer = threading.Thread(target=batcher.close)
     closer.start()
-    with pytest.raises(RuntimeError, match="shut down before this request was served"):
+    with pytest.raises(EndpointClosed, match="shut down before this request was served"):
         waiting.result(30)
     engine.gate.set()
     closer.join(30)
-    with pytest.raises(RuntimeError, match="shutting down"):
+    with pytest.raises(EndpointClosed, match="shutting down"):
         batcher.submit(Request((3,), 1, 4, KEY))
 
 

@@ -1,0 +1,218 @@
+"""`environment=atropos`: train on scored groups from Atropos environment services, unchanged.
+
+The run serves its engine on 127.0.0.1 (`serving.endpoint`, a token of its own), starts Atropos's API server
+(`run-api`) or attaches to one by URL, starts the environment processes of `environments` (each told the endpoint,
+the token, the tokenizer and the API), registers as the trainer, and each step pulls one batch of scored groups:
+- every trained token is checked against what the engine served (`scored_groups`): its log-probs and policy version
+  are the engine's, a foreign or malformed group is refused and counted (`ledger.dropped["refused"]`);
+- a group sampled by a policy more than `rollout_scheduler.max_staleness` versions behind is dropped and counted;
+- the scores are the environments' own: train on them with `reward=environment`.
+The environments sample while the trainer waits for its batch; while it trains, syncs and evaluates, their requests
+queue at the endpoint (the engine has one user at a time). Held-out evaluation runs the data's held-out tasks as
+single turns, as `environment=single_turn` does.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+from grpo_pipe.episodes.atropos_api import AtroposApi, AtroposServer, EnvironmentProcesses, Registration
+from grpo_pipe.episodes.scored_groups import Limits, RefusedGroup, ScoredGroup, read_scored_group
+from grpo_pipe.episodes.single_turn import SingleTurn
+from grpo_pipe.interfaces import PendingRollout, RolloutEngine
+from grpo_pipe.serving.endpoint import EngineEndpoint
+from grpo_pipe.serving.openai_api import ServedModel
+from grpo_pipe.types import Completion, GeneratedBatch, Ledger, SamplingSettings, TakenBatch, Task
+
+log = logging.getLogger(__name__)
+
+
+class AtroposEnvironment:
+    """Atropos environments as the run's source of scored groups (see the module docstring)."""
+
+    def __init__(self, environments: Sequence[Sequence[str]] = (), api_url: str | None = None,
+                 groups_per_step: int = 32, group_size: int = 8, batch_timeout_s: float = 600.0,
+                 max_restarts: int = 3, model_name: str = "grpo_pipe", poll_s: float = 0.5,
+                 report_every_s: float = 30.0) -> None:
+        self.environments = [list(e) for e in environments]  # e.g. [[my_env.py, serve, --env.max_token_length, "512"]]
+        self.groups_per_step, self.group_size = groups_per_step, group_size  # a batch: groups x samples per group
+        self.api_url = api_url  # a running run-api to attach to; None: the run starts one on 127.0.0.1
+        self.batch_timeout_s = batch_timeout_s
+        self.max_restarts = max_restarts
+        self.model_name = model_name  # the name the endpoint serves the engine under (--openai.model_name)
+        self.poll_s, self.report_every_s = poll_s, report_every_s
+        self._single = SingleTurn()  # held-out evaluation: the data's tasks, one turn
+        self._tokenizer: Any = None
+        self._closers: list[Callable[[], None]] = []
+
+    def config_problems(self) -> list[str]:
+        problems = []
+        if not self.environments and self.api_url is None:
+            problems.append("environments: none to start and no api_url to attach to: nothing would post groups")
+        for command in self.environments:
+            if not command or not Path(command[0]).is_file():
+                problems.append(f"environments: {command!r}: the first item must be an environment's script file")
+        if self.groups_per_step < 1 or self.group_size < 2:
+            problems.append(f"groups_per_step={self.groups_per_step}, group_size={self.group_size}: need >= 1 group "
+                            "of >= 2 samples (GRPO compares a group's samples)")
+        if self.batch_timeout_s <= 0:
+            problems.append(f"batch_timeout_s={self.batch_timeout_s}: must be > 0")
+        return problems
+
+    # -- the episode runner's part: held-out evaluation as single turns --------------------------------------
+
+    def setup(self, tokenizer: Any, system_prompt: str, max_model_len: int) -> None:
+        self._tokenizer = tokenizer
+        self._single.setup(tokenizer, system_prompt, max_model_len)
+
+    def completion_budget(self, max_new_tokens: int) -> int:
+        return max_new_tokens
+
+    def render_prompt(self, task: Task) -> tuple[int, ...]:
+        return self._single.render_prompt(task)
+
+    def submit(self, engine: RolloutEngine, tasks: Sequence[Task], prompts: Sequence[Sequence[int]],
+               samples: Sequence[int], sampling: SamplingSettings) -> PendingRollout:
+        return self._single.submit(engine, tasks, prompts, samples, sampling)
+
+    def generate(self, engine: RolloutEngine, tasks: Sequence[Task], prompts: Sequence[Sequence[int]],
+                 samples: Sequence[int], sampling: SamplingSettings) -> list[list[Completion]]:
+        return self._single.generate(engine, tasks, prompts, samples, sampling)
+
+    # -- the source of training groups ------------------------------------------------------------------------
+
+    def rollout_source(self, engine: RolloutEngine, sampling: SamplingSettings, *, max_staleness: int,
+                       total_steps: int, log_dir: Path) -> AtroposSource:
+        """Start the endpoint, the API server (unless attached) and the environments; register as the trainer."""
+        if self._tokenizer is None:
+            raise RuntimeError("environment used before setup()")
+        served = ServedModel(self.model_name, self._tokenizer, engine.max_model_len, len(self._tokenizer),
+                             default_max_tokens=sampling.max_tokens)
+        endpoint = EngineEndpoint(engine, served)
+        endpoint.start()
+        endpoint.pause()  # the engine is the run's until the first `take` waits for a batch
+        self._closers.append(endpoint.stop)
+        url = self.api_url or self._start_server(log_dir)
+        api = AtroposApi(url, Registration(batch_size=self.groups_per_step * self.group_size,
+                                           max_token_len=engine.max_model_len,
+                                           num_steps=total_steps), poll_s=self.poll_s,
+                         report_every_s=self.report_every_s)
+        self._closers.append(api.close)
+        api.register()
+        processes = EnvironmentProcesses(self.environments, self._connection(endpoint, url), log_dir,
+                                         self.max_restarts, env={"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+        self._closers.append(processes.stop)
+        source = AtroposSource(api, endpoint, processes, Limits(len(self._tokenizer), engine.max_model_len,
+                                                                 sampling.temperature), max_staleness,
+                               self.batch_timeout_s)
+        source.open_intake()
+        processes.start()
+        return source
+
+    def close(self) -> None:
+        """Environments first (they call the endpoint and the API), then the API server, then the endpoint."""
+        while self._closers:
+            closer = self._closers.pop()
+            try:
+                closer()
+            except Exception as err:  # noqa: BLE001 - the others must still be closed
+                log.warning("closing part of environment=atropos failed: %s: %s", type(err).__name__, err)
+
+    def _start_server(self, log_dir: Path) -> str:
+        server = AtroposServer(log_dir / "atropos-api.log")
+        server.start()
+        self._closers.append(server.stop)
+        return server.url
+
+    def _connection(self, endpoint: EngineEndpoint, api_url: str) -> list[str]:
+        model = str(getattr(self._tokenizer, "name_or_path", ""))
+        return ["--env.rollout_server_url", api_url, "--env.tokenizer_name", model, "--env.use_wandb", "false",
+                "--env.group_size", str(self.group_size),
+                "--openai.base_url", endpoint.base_url, "--openai.api_key", endpoint.token,
+                "--openai.model_name", self.model_name, "--openai.server_type", "vllm", "--openai.tokenizer_name", model]
+
+
+class AtroposSource:
+    """The recipe's `RolloutSource` for Atropos: each `take` is one batch pulled from the API server."""
+
+    def __init__(self, api: AtroposApi, endpoint: EngineEndpoint, processes: EnvironmentProcesses, limits: Limits,
+                 max_staleness: int, timeout_s: float) -> None:
+        self.api, self.endpoint, self.processes, self.limits = api, endpoint, processes, limits
+        self.max_staleness = max_staleness
+        self.stale_policy = "drop"  # the environments sample on their own: what is too old can only be dropped
+        self.timeout_s = timeout_s
+        self.ledger = Ledger()
+        self.generation_intervals: list[tuple[float, float]] = []
+        self.guard: Callable[[], Any] = nullcontext
+        self.refusals: dict[str, int] = {}  # the reason's first words -> groups refused
+        self._pulled = 0
+
+    def open_intake(self) -> None:
+        """Atropos takes environments only once the trainer has asked for a batch: ask once, expecting none."""
+        self.api.poll_once()
+
+    def fill(self, trainer_version: int, pushed_version: int, steps_done: int) -> int:
+        return 0  # the environments generate on their own
+
+    def take(self, trainer_version: int) -> TakenBatch:
+        started = time.time()
+        self.endpoint.resume()  # the environments may sample now ...
+        try:
+            with self.guard():
+                batch = self._next_batch()
+        finally:
+            self.endpoint.pause()  # ... and not while the trainer trains, syncs or evaluates
+        ended = time.time()
+        self.generation_intervals.append((started, ended))
+        scored = self._read(batch)
+        kept = [s for s in scored if trainer_version - _oldest(s) <= self.max_staleness]
+        dropped = [(s.group.task.uid, trainer_version - _oldest(s)) for s in scored if s not in kept]
+        self.ledger.submitted += len(scored)
+        self.ledger.trained += len(kept)
+        if dropped:
+            self.ledger.dropped["stale"] = self.ledger.dropped.get("stale", 0) + len(dropped)
+        generated = GeneratedBatch([list(s.group.completions) for s in kept], started, ended)
+        return TakenBatch(groups=[s.group for s in kept], staleness=[trainer_version - _oldest(s) for s in kept],
+                          dropped=dropped, generated=generated, wait_s=ended - started, engine_gap_s=0.0, queue_depth=1)
+
+    def requeue_lost(self) -> int:
+        return 0  # the environments resend what they did not get answered
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"pulled": self._pulled}
+
+    def restore(self, snapshot: Mapping[str, Any], tasks_by_uid: Mapping[str, Task]) -> None:
+        self._pulled = int(snapshot.get("pulled", 0))
+
+    def _next_batch(self) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            self.processes.check()  # a process that died is restarted (counted), or the run stops saying why
+            try:
+                return self.api.next_batch(timeout_s=min(self.api.report_every_s, max(deadline - time.monotonic(), 0.0)))
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+
+    def _read(self, batch: Sequence[Mapping[str, Any]]) -> list[ScoredGroup]:
+        scored = []
+        for data in batch:
+            self._pulled += 1
+            try:
+                scored.append(read_scored_group(data, self.limits, self.endpoint.served, f"atropos/{self._pulled}"))
+            except RefusedGroup as err:
+                reason = str(err).split(":")[-1].strip()[:60]
+                self.refusals[reason] = self.refusals.get(reason, 0) + 1
+                self.ledger.submitted += 1
+                self.ledger.dropped["refused"] = self.ledger.dropped.get("refused", 0) + 1
+                log.warning("refused a scored group from the Atropos API: %s", err)
+        return scored
+
+
+def _oldest(scored: ScoredGroup) -> int:
+    return min(c.policy_version for c in scored.group.completions)
