@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from transformers import AutoTokenizer
 
@@ -82,3 +83,21 @@ def test_an_atropos_environment_feeds_the_trainer_the_engines_own_tokens(endpoin
             record = endpoint.served.find(scored.group.prompt_token_ids, completion.token_ids)
             assert record is not None and completion.logprobs == record.logprobs
             assert completion.policy_version == 2 and all(completion.loss_mask)
+
+
+def test_a_run_trains_on_an_atropos_environments_groups(compose_cfg, tmp_path: Path) -> None:
+    """`environment=atropos` end to end: the run starts the endpoint, run-api and the environment process, trains two
+    steps on the groups it posts (every trained token one the engine served, or the group is refused), and leaves
+    no process behind."""
+    from grpo_pipe.pipeline import JobContext, run
+
+    cfg = compose_cfg(["environment=atropos", "reward=environment", f"environment.environments=[[{ENVIRONMENT},serve]]",
+                       "environment.report_every_s=5", "run.eval_size=2"])
+    result = run(cfg, JobContext(output_dir=tmp_path / "run", run_name="atropos"))
+    assert len(result.rewards) == 2 and result.ledger.trained >= 2 * 4  # two batches of 4 groups of 4
+    assert result.ledger.dropped.get("refused", 0) == 0  # every group's tokens were the engine's own
+    assert result.ledger.balanced()
+    api_log = (tmp_path / "run" / "environments" / "atropos-api.log").read_text()
+    assert '"POST /scored_data' in api_log and '"GET /batch HTTP/1.1" 200' in api_log
+    leftovers = [" ".join(c.cmdline()) for c in psutil.Process().children(recursive=True)]
+    assert not [c for c in leftovers if "tiny_sums.py" in c or "atroposlib.cli.run_api" in c], leftovers
