@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from grpo_pipe.episodes.atropos_api import AtroposApi, AtroposServer, NoBatch, Registration
+from grpo_pipe.episodes.atropos_api import AtroposApi, AtroposServer, EnvironmentProcesses, NoBatch, Registration
 from grpo_pipe.episodes.scored_groups import Limits, read_scored_group
 from grpo_pipe.serving.served_log import ServedLog
 from grpo_pipe.types import Completion, RequestTelemetry
@@ -97,3 +97,21 @@ def test_a_restarted_server_is_registered_with_again_and_the_run_goes_on(server:
     httpx.post(f"{server.url}/scored_data", json=_group(env_id, 30)).raise_for_status()
     waiter.join(120)
     assert api.registrations == 2 and pulled and pulled[0][0]["tokens"][0][3] == 30
+
+
+def test_an_environment_process_that_exits_is_restarted_then_the_run_stops_with_its_log(tmp_path: Path) -> None:
+    script = tmp_path / "dies.py"
+    script.write_text("import sys\nprint('environment failing: no tokenizer', flush=True)\nsys.exit(3)\n")
+    processes = EnvironmentProcesses([[str(script), "serve"]], ["--env.x", "1"], tmp_path / "logs", max_restarts=2)
+    processes.start()
+    try:
+        for restarts in (1, 2):
+            processes.processes[0].wait(60)  # type: ignore[union-attr]
+            processes.check()
+            assert processes.restarts == restarts
+        processes.processes[0].wait(60)  # type: ignore[union-attr]
+        with pytest.raises(RuntimeError, match="exited with 3 after 2 restarts; its log ends:\n.*no tokenizer"):
+            processes.check()
+    finally:
+        processes.stop()
+    assert (tmp_path / "logs" / "environment-0.log").read_text().count("environment failing") == 3
