@@ -169,16 +169,16 @@ class AtroposSource:
             self.endpoint.pause()  # ... and not while the trainer trains, syncs or evaluates
         ended = time.time()
         self.generation_intervals.append((started, ended))
-        scored = self._read(batch)
-        kept = [s for s in scored if trainer_version - _oldest(s) <= self.max_staleness]
-        dropped = [(s.group.task.uid, trainer_version - _oldest(s)) for s in scored if s not in kept]
-        self.ledger.submitted += len(scored)
+        lagging = [(s, trainer_version - _oldest(s)) for s in self._read(batch)]  # versions behind the trainer
+        kept = [(s, lag) for s, lag in lagging if lag <= self.max_staleness]
+        dropped = [(s.group.task.uid, lag) for s, lag in lagging if lag > self.max_staleness]
+        self.ledger.submitted += len(lagging)
         self.ledger.trained += len(kept)
         if dropped:
             self.ledger.dropped["stale"] = self.ledger.dropped.get("stale", 0) + len(dropped)
-        generated = GeneratedBatch([list(s.group.completions) for s in kept], started, ended)
-        return TakenBatch(groups=[s.group for s in kept], staleness=[trainer_version - _oldest(s) for s in kept],
-                          dropped=dropped, generated=generated, wait_s=ended - started, engine_gap_s=0.0, queue_depth=1)
+        generated = GeneratedBatch([list(s.group.completions) for s, _ in kept], started, ended)
+        return TakenBatch(groups=[s.group for s, _ in kept], staleness=[lag for _, lag in kept], dropped=dropped,
+                          generated=generated, wait_s=ended - started, engine_gap_s=0.0, queue_depth=1)
 
     def requeue_lost(self) -> int:
         return 0  # the environments resend what they did not get answered

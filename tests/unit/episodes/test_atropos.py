@@ -1,0 +1,67 @@
+"""environment=atropos's source of training groups, against in-memory stand-ins for the API, the endpoint and the
+processes: what each `take` keeps, drops as stale and refuses, with the ledger balanced; the engine is the
+environments' only while the trainer waits. The real parts: tests/integration/episodes/test_atropos_environment.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grpo_pipe.episodes.atropos import AtroposSource
+from grpo_pipe.episodes.scored_groups import Limits
+from grpo_pipe.serving.served_log import ServedLog
+from grpo_pipe.types import Completion, RequestTelemetry
+
+M = -100
+
+
+class Api:
+    report_every_s = 30.0
+
+    def __init__(self, batches: list[list[dict[str, Any]]]) -> None:
+        self.batches = batches
+
+    def next_batch(self, timeout_s: float) -> list[dict[str, Any]]:
+        return self.batches.pop(0)
+
+
+class Endpoint:
+    def __init__(self, served: ServedLog) -> None:
+        self.served = served
+        self.events: list[str] = []
+
+    def pause(self) -> None:
+        self.events.append("pause")
+
+    def resume(self) -> None:
+        self.events.append("resume")
+
+
+class Processes:
+    checks = 0
+
+    def check(self) -> None:
+        self.checks += 1
+
+
+def _group(first: int) -> dict[str, Any]:
+    return {"tokens": [[1, 2, first], [1, 2, first + 1]], "masks": [[M, M, first], [M, M, first + 1]],
+            "scores": [1.0, 0.0]}
+
+
+def test_each_take_keeps_fresh_groups_drops_stale_ones_and_refuses_foreign_ones() -> None:
+    served = ServedLog()
+    for first, version in ((10, 3), (20, 1), (30, 3)):
+        for token in (first, first + 1):
+            served.record((1, 2), Completion((token,), (-0.5,), "", "stop", version, RequestTelemetry(2, 1, 0)), 1.0)
+    foreign = _group(40)  # never served by the engine
+    endpoint, processes = Endpoint(served), Processes()
+    source = AtroposSource(Api([[_group(10), _group(20), foreign, _group(30)]]), endpoint, processes,  # type: ignore[arg-type]
+                           Limits(100, 16, temperature=1.0), max_staleness=1, timeout_s=60)
+    taken = source.take(trainer_version=3)
+    assert [g.completions[0].token_ids for g in taken.groups] == [(10,), (30,)] and taken.staleness == [0, 0]
+    assert taken.dropped == [("atropos/2", 2)]  # sampled by version 1, two behind the trainer
+    assert source.ledger.trained == 2 and source.ledger.dropped == {"refused": 1, "stale": 1}
+    assert source.ledger.balanced() and source.ledger.submitted == 4
+    assert endpoint.events == ["resume", "pause"] and processes.checks == 1  # the engine was theirs while it waited
+    assert taken.groups[0].completions[0].episode is not None  # their scores, for reward=environment
+    assert taken.groups[0].completions[0].episode.environment_reward == 1.0
