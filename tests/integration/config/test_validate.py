@@ -131,7 +131,7 @@ def test_every_loss_preset_builds(compose_cfg, loss: str) -> None:
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
-        ("weight_bridge=lorra", "Available options in 'weight_bridge'"),
+        ("weight_bridge=lorra", "weight_bridge=lorra: unknown option; nearest: lora"),
         ("trainer.lr=abc", "trainer.lr='abc': expected a number"),
         ("run.max_new_tokens=5000", "run.max_new_tokens=5000 leaves no room for a prompt in rollout.max_model_len=1024"),
     ],
