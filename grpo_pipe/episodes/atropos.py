@@ -131,10 +131,11 @@ class AtroposEnvironment:
 
     def _connection(self, endpoint: EngineEndpoint, api_url: str) -> list[str]:
         model = str(getattr(self._tokenizer, "name_or_path", ""))
-        return ["--env.rollout_server_url", api_url, "--env.tokenizer_name", model, "--env.use_wandb", "false",
-                "--env.group_size", str(self.group_size),
-                "--openai.base_url", endpoint.base_url, "--openai.api_key", endpoint.token,
-                "--openai.model_name", self.model_name, "--openai.server_type", "vllm", "--openai.tokenizer_name", model]
+        flags = {"env.rollout_server_url": api_url, "env.tokenizer_name": model, "env.use_wandb": "false",
+                 "env.group_size": str(self.group_size), "openai.base_url": endpoint.base_url,
+                 "openai.api_key": endpoint.token, "openai.model_name": self.model_name, "openai.server_type": "vllm",
+                 "openai.tokenizer_name": model}
+        return [f"--{flag}={value}" for flag, value in flags.items()]  # `=`: a value is never read as a flag
 
 
 class AtroposSource:

@@ -144,8 +144,9 @@ def build_app(batcher: RequestBatcher, model: ServedModel, token: str, timeout_s
 
 
 def new_token() -> str:
-    """A bearer token for one run: 32 random bytes, URL-safe."""
-    return secrets.token_urlsafe(32)
+    """A bearer token for one run: 32 random bytes as hex (a URL-safe token may start with `-`, which a command
+    line then reads as a flag)."""
+    return secrets.token_hex(32)
 
 
 def _bearer(token: str) -> Any:
