@@ -150,7 +150,6 @@ class AtroposSource:
         self.ledger = Ledger()
         self.generation_intervals: list[tuple[float, float]] = []
         self.guard: Callable[[], Any] = nullcontext
-        self.refusals: dict[str, int] = {}  # the reason's first words -> groups refused
         self._pulled = 0
 
     def open_intake(self) -> None:
@@ -207,8 +206,6 @@ class AtroposSource:
             try:
                 scored.append(read_scored_group(data, self.limits, self.endpoint.served, f"atropos/{self._pulled}"))
             except RefusedGroup as err:
-                reason = str(err).split(":")[-1].strip()[:60]
-                self.refusals[reason] = self.refusals.get(reason, 0) + 1
                 self.ledger.submitted += 1
                 self.ledger.dropped["refused"] = self.ledger.dropped.get("refused", 0) + 1
                 log.warning("refused a scored group from the Atropos API: %s", err)

@@ -11,6 +11,7 @@ no others). Every route wants `Authorization: Bearer <token>`.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import secrets
 import time
 import uuid
@@ -214,7 +215,7 @@ def _completion_choice(model: ServedModel, index: int, prompt: Sequence[int], c:
     pieces = [model.tokenizer.decode([t]) for t in c.token_ids]
     choice: dict[str, Any] = {"index": index, "text": c.text, "finish_reason": c.finish_reason, "logprobs": None}
     if logprobs is not None:
-        offsets = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+        offsets = [0, *itertools.accumulate(len(p) for p in pieces)][: len(pieces)]  # where each token's text starts
         choice["logprobs"] = {"tokens": pieces, "token_logprobs": list(c.logprobs),
                               "top_logprobs": [{p: lp} for p, lp in zip(pieces, c.logprobs)], "text_offset": offsets}
     return {**choice, **_provenance(c), "prompt_token_ids": list(prompt)}
