@@ -10,9 +10,11 @@ Two transports (`transport`):
   loads it by path: what engines in other processes or on other machines (Ray) can read.
 `auto` takes `memory` where the engine allows it.
 
-An adapter is retired only once no request uses it: in the synchronous loop every request of the
-previous version has finished when `push` runs, so all older adapters go at once; `max_loras` slots
-bound how many versions can be live together (async loops need staleness + 2).
+At each push every older adapter is retired. The engine removes one only once no running request uses it: with
+async rollouts a generation call may still run on the previous adapter when the next one arrives (a request keeps
+the adapter it started with). So at most three are held at once: the one a running call uses, the one the push
+retires, the new one; vLLM keeps `max_loras` of them on the device and one more in its host cache, so none in use is
+ever evicted (an adapter built from memory has no folder to be read back from).
 """
 
 from __future__ import annotations
@@ -143,6 +145,7 @@ class LoraHotSwapBridge:
 
     def engine_options(self) -> dict[str, Any]:
         return {"enable_lora": True, "max_lora_rank": self.max_lora_rank, "max_loras": self.max_loras,
+                "max_cpu_loras": self.max_loras + 1,  # the new adapter arrives before the retired one leaves
                 **worker_extension(AdapterReceiver)}
 
     def connect(self, engine: Any, policy: AdapterPolicy) -> None:

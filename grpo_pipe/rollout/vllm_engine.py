@@ -19,6 +19,7 @@ from grpo_pipe import env
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.dtypes import DTYPES, DtypeName
 from grpo_pipe.rollout import vllm_fixes
+from grpo_pipe.rollout.adapter_leases import AdapterLeases
 from grpo_pipe.rollout.background import BackgroundGenerator, BackgroundRollout
 from grpo_pipe.rollout.engine_options import (
     fastest_in_process,
@@ -96,7 +97,7 @@ class VllmEngine:
         self.model_path: Path | None = None
         self.llm: Any = None
         self.extra_options: dict[str, Any] = {}  # engine options a weight bridge asked for
-        self.lora_request: Any = None  # adapter applied to every request, set by the LoRA bridge
+        self.adapters = AdapterLeases()  # the LoRA adapter new requests get (set by the LoRA bridge), leased per call
         # Bumped whenever the weights change. Requests carry it as vLLM's `cache_salt`, so a request never
         # reuses KV blocks computed with older weights, even while older requests still hold them (vLLM
         # refuses a prefix-cache reset then) and without the cost of a reset per sync.
@@ -113,7 +114,7 @@ class VllmEngine:
     def _set_served_version(self, version: int) -> None:
         self._served_version = version
         self.weights_epoch += 1  # the weights of `version` are in place: no cached block predates them
-        if self.lora_request is None:
+        if self.adapters.current is None:
             self.in_flight.version_set(version)
         # else: a request keeps the adapter it started with, so a new adapter never reaches running requests
 
@@ -211,13 +212,19 @@ class VllmEngine:
             for i, n in enumerate(samples)
         ]
         llm = self._llm()
-        with self.in_flight.generation(llm, self._served_version) as flight:
-            outputs = llm.generate(
-                [TokensPrompt(prompt_token_ids=list(p), cache_salt=self.cache_salt) for p in prompts],
-                params,
-                use_tqdm=False,
-                lora_request=self.lora_request,
-            )
+        adapter = self.adapters.take()  # kept for the whole call: an adapter retired meanwhile waits for its end
+        try:
+            with self.in_flight.generation(llm, self._served_version) as flight:
+                outputs = llm.generate(
+                    [TokensPrompt(prompt_token_ids=list(p), cache_salt=self.cache_salt) for p in prompts],
+                    params,
+                    use_tqdm=False,
+                    lora_request=adapter,
+                )
+        finally:
+            retired = self.adapters.release(adapter)
+        for adapter_id in retired:
+            self._remove_adapter(adapter_id)
         tokenizer = llm.get_tokenizer()
         return [completions_of(output, flight, tokenizer) for output in outputs]
 
@@ -303,8 +310,9 @@ class VllmEngine:
         """Load the LoRA adapter in `folder` and serve every following request with it."""
         from vllm.lora.request import LoRARequest
 
-        self.lora_request = LoRARequest(lora_name=name, lora_int_id=adapter_id, lora_path=str(folder))
-        self.in_flight.gate.run(lambda: self._llm().llm_engine.add_lora(self.lora_request))
+        request = LoRARequest(lora_name=name, lora_int_id=adapter_id, lora_path=str(folder))
+        self.in_flight.gate.run(lambda: self._llm().llm_engine.add_lora(request))
+        self.adapters.serve(request)
 
     def serve_adapter(self, name: str, adapter_id: int) -> None:
         """Serve every following request with an adapter the workers already hold (built from memory)."""
@@ -312,10 +320,13 @@ class VllmEngine:
 
         from grpo_pipe.rollout.worker_adapters import IN_MEMORY_PREFIX
 
-        self.lora_request = LoRARequest(lora_name=name, lora_int_id=adapter_id, lora_path=IN_MEMORY_PREFIX + name)
+        self.adapters.serve(LoRARequest(lora_name=name, lora_int_id=adapter_id, lora_path=IN_MEMORY_PREFIX + name))
 
     def retire_adapter(self, adapter_id: int) -> None:
-        """Free an adapter's slot; only call once no request uses it."""
+        """Free an adapter's slot: now if no running request uses it, else when the generation call using it ends."""
+        self.adapters.retire(adapter_id, self._remove_adapter)
+
+    def _remove_adapter(self, adapter_id: int) -> None:
         self.in_flight.gate.run(lambda: self._llm().llm_engine.remove_lora(adapter_id))
 
     def _after_weight_update(self) -> None:

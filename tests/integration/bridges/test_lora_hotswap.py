@@ -1,11 +1,14 @@
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from grpo_pipe.bridges.contract import push_weights
 from grpo_pipe.bridges.lora_hotswap import LoraHotSwapBridge
 from grpo_pipe.config.validate import ConfigError
 from grpo_pipe.pipeline import build
+from grpo_pipe.types import SamplingSettings
 from tests.bridge_equality import train_sync_and_compare
 
 
@@ -44,3 +47,40 @@ class RemoteAdapterEngine:
     def use_adapter(self, name: str, adapter_id: int, folder: Path) -> None: ...
 
     def retire_adapter(self, adapter_id: int) -> None: ...
+
+
+# Long enough that the generation is still running when the pushes land, however loaded the machine.
+RUNNING = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=200, seed=3, extra={"ignore_eos": True})
+
+
+@pytest.mark.parametrize("transport", ["memory", "folder"])
+def test_adapters_pushed_while_a_generation_runs_leave_its_adapter_until_it_ends(compose_cfg, transport) -> None:
+    # Async rollouts: a generation call runs on adapter 1 while the trainer pushes 2 and 3 (each push retires every
+    # older adapter). The running call must finish on adapter 1, which goes only when it ends.
+    parts = build(compose_cfg(["weight_bridge=lora", f"weight_bridge.transport={transport}"]))
+    engine, trainer, bridge = parts.rollout, parts.trainer, parts.weight_bridge
+    engine.background = True  # generate on a thread of its own, as the runner does when it may run ahead
+    model_path = parts.model.materialize()
+    engine.connect(model_path, bridge.engine_options())
+    try:
+        trainer.setup(model_path, parts.placement.trainer_device(), pad_id=0)
+        bridge.connect(engine, trainer.policy)
+        push_weights(bridge, engine, trainer.policy, 1)
+        running = engine.submit([[5, 6, 7, 8]] * 3, [2] * 3, RUNNING)
+        deadline = time.monotonic() + 120
+        while engine.generation_steps() < 4:
+            assert time.monotonic() < deadline, "the generation never got going"
+            time.sleep(0.001)
+        push_weights(bridge, engine, trainer.policy, 2)
+        push_weights(bridge, engine, trainer.policy, 3)
+        assert engine.adapters.leased() == {1}  # the pushes above returned while the generation still ran
+        during = running.result().completions
+        assert all(len(c.token_ids) == 200 and c.policy_version == 1 for group in during for c in group)
+        assert engine.adapters.leased() == set()
+        assert engine.llm.llm_engine.list_loras() == {3}  # 1 went when its call ended, 2 at the third push
+        after = engine.generate([[5, 6, 7, 8]], [2], RUNNING)
+        assert all(c.policy_version == 3 for group in after for c in group)
+    finally:
+        bridge.close()
+        engine.shutdown()
+        parts.placement.close()

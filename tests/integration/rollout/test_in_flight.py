@@ -202,7 +202,7 @@ def test_a_new_lora_adapter_is_not_attributed_to_running_requests() -> None:
             syncing.join()
         return flight
 
-    engine.lora_request = SimpleNamespace(lora_int_id=2)
+    engine.adapters.serve(SimpleNamespace(lora_int_id=2))
     assert sync_mid_generation(2).versions_of("0", 0, 8) == (1, ())
-    engine.lora_request = None  # full weights do reach running requests: the same sync splits the sample
+    engine.adapters.serve(None)  # full weights do reach running requests: the same sync splits the sample
     assert sync_mid_generation(3).versions_of("0", 0, 8) == (2, ((5, 3),))
