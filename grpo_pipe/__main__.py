@@ -16,9 +16,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from grpo_pipe import env
 from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.config.validate import ConfigError
-from grpo_pipe.tracking.run_tags import job_run_name, run_tags, swept_keys
+from grpo_pipe.tracking.run_tags import SWEEP_SPEC_TAG, job_run_name, run_tags, sweep_spec, swept_keys
 
 if TYPE_CHECKING:  # the pipeline imports torch: only a job pays for that, not `--help`
     from grpo_pipe.pipeline import JobContext
@@ -30,15 +31,16 @@ def job_context() -> JobContext:
     from grpo_pipe.pipeline import JobContext
 
     hydra_cfg = HydraConfig.get()
-    sweep_dir, swept = None, []
+    sweep_dir, swept, sweep_tags = None, [], {}
     if hydra_cfg.mode == RunMode.MULTIRUN:
         sweep_dir = str(Path(hydra_cfg.sweep.dir).resolve())
         swept = swept_keys(sys.argv[1:], hydra_cfg.sweeper.get("params"))
+        sweep_tags = {SWEEP_SPEC_TAG: sweep_spec(sys.argv[1:], hydra_cfg.sweeper.get("params"))}
     return JobContext(
         output_dir=Path(hydra_cfg.runtime.output_dir),
         run_name=job_run_name(list(hydra_cfg.overrides.task), swept),
         sweep_dir=sweep_dir,
-        tags=run_tags(sys.argv, dict(hydra_cfg.runtime.choices), list(hydra_cfg.overrides.task)),
+        tags={**run_tags(sys.argv, dict(hydra_cfg.runtime.choices), list(hydra_cfg.overrides.task)), **sweep_tags},
         overrides=tuple(hydra_cfg.overrides.task),
     )
 
@@ -69,6 +71,8 @@ def main() -> None:
     if sys.argv[1:] in (["--version"], ["-V"]):
         print(versions())
         return
+    env.quiet_libraries()
+    logging.captureWarnings(True)  # library warnings (FutureWarning, ...) go where the job's config sends py.warnings
     problems = override_problems(sys.argv[1:]) + output_dir_problems(sys.argv[1:], Path.cwd())
     if problems:
         logging.basicConfig(format="%(message)s")

@@ -30,6 +30,16 @@ def prepare_vllm_process_env(in_process: bool) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def quiet_libraries() -> None:
+    """The command's console carries the pipeline's own lines: MLflow keeps to the logging levels of the job's
+    config (it would otherwise install an INFO handler of its own at import), transformers' and the hub's
+    progress bars (loading and writing weights, several per run) stay off, and torch's C++ warnings (a NUMA binding
+    note at every engine start on a CPU) are not printed; errors still are. A value the user set wins."""
+    os.environ.setdefault("MLFLOW_CONFIGURE_LOGGING", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+
 @contextmanager
 def visible_devices(device_ids: str | None) -> Iterator[None]:
     """Make only `device_ids` visible to processes started inside this block (the engine process).

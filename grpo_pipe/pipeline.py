@@ -92,6 +92,7 @@ def _finish(tracker: Tracker, recipe: GRPORecipe, status: str, stop: StopRequest
     try:
         tracker.close(status, within_s=None if remaining is None else remaining / 2)
     finally:
+        log.info("Run %s; shutting down the engine and the trainer", status.lower())  # seconds, not a hang
         recipe.cleanup()
 
 

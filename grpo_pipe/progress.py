@@ -3,12 +3,30 @@
 from __future__ import annotations
 
 import logging
+import math
+import sys
 from collections.abc import Mapping
 from types import TracebackType
 
+from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 log = logging.getLogger("grpo_pipe.progress")
+
+
+def console_handler() -> logging.Handler:
+    """The job's console: rich on a terminal (log lines print above the live bar); to a file or a pipe plain lines,
+    one per record, never wrapped (rich would wrap at 80 columns there and split a printed command in two)."""
+    if sys.stdout.isatty():
+        return RichHandler(show_path=False, markup=False)
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", datefmt="%H:%M:%S"))
+    return handler
+
+
+def shown(value: float | None, spec: str) -> str:
+    """`value` formatted, or n/a where it could not be computed (absent, NaN)."""
+    return "n/a" if value is None or math.isnan(value) else format(value, spec)
 
 
 def format_metrics(metrics: Mapping[str, float]) -> str:
@@ -18,11 +36,11 @@ def format_metrics(metrics: Mapping[str, float]) -> str:
 
 def summary_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
     return (
-        f"step {step}/{total} | reward {metrics.get('train/reward/mean', float('nan')):.3f}"
-        f" | acc {metrics.get('train/accuracy', float('nan')):.2f}"
-        f" | loss {metrics.get('train/loss', float('nan')):+.4f}"
-        f" | mismatch {metrics.get('mismatch/logprob_abs_mean', float('nan')):.4f}"
-        f" clip {metrics.get('train/clip_fraction', float('nan')):.3f}"
+        f"step {step}/{total} | reward {shown(metrics.get('train/reward/mean'), '.3f')}"
+        f" | acc {shown(metrics.get('train/accuracy'), '.2f')}"
+        f" | loss {shown(trained(metrics, 'train/loss'), '+.4f')}"
+        f" | mismatch {shown(metrics.get('mismatch/logprob_abs_mean'), '.4f')}"
+        f" clip {shown(trained(metrics, 'train/clip_fraction'), '.3f')}"
         f" | gen {metrics.get('rollout/tokens_per_s', 0.0):.0f} tok/s"
         f" | step {metrics.get('time/step_s', 0.0):.1f}s"
         f" | sync {metrics.get('sync/total_s', 0.0) * 1000:.0f}ms v{int(metrics.get('policy/version', 0))}"
@@ -32,6 +50,13 @@ def summary_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
         + (f" | gpu {metrics['memory/device_used_gib']:.1f} GiB used" if "memory/device_used_gib" in metrics else "")
         + (episode_part(metrics) if "episodes/turns_mean" in metrics else "")
     )
+
+
+def trained(metrics: Mapping[str, float], key: str) -> float | None:
+    """A training figure of a step in which some sample had an advantage; None otherwise (the loss of such a step
+    is 0 by definition, not a measurement)."""
+    idle = metrics.get("train/update_applied", 1.0) == 0.0 or metrics.get("train/active_samples", 1.0) == 0.0
+    return None if idle else metrics.get(key)
 
 
 def episode_part(metrics: Mapping[str, float]) -> str:
@@ -69,8 +94,8 @@ class StepProgress:
 
     def update(self, step: int, metrics: Mapping[str, float]) -> None:
         stats = (
-            f"reward {metrics.get('train/reward/mean', float('nan')):.3f} "
-            f"acc {metrics.get('train/accuracy', float('nan')):.2f} "
+            f"reward {shown(metrics.get('train/reward/mean'), '.3f')} "
+            f"acc {shown(metrics.get('train/accuracy'), '.2f')} "
             f"{metrics.get('rollout/tokens_per_s', 0.0):.0f} tok/s "
             f"lag {metrics.get('async/staleness_mean', 0.0):.1f}"
         )

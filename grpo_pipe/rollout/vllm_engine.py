@@ -148,6 +148,7 @@ class VllmEngine:
             tensor_parallel_size=self.tensor_parallel_size,
             disable_log_stats=not self.request_timestamps,  # vLLM records request timestamps with its stats
             logprobs_mode="processed_logprobs",  # log-probs of the distribution actually sampled from
+            use_tqdm_on_load=False,  # a progress bar per weight load: console noise
             worker_extension_cls=ENGINE_OWN_CALLS,  # a bridge with an engine-side half names its own subclass
             **memory_options(self.on_gpu, self.gpu_memory_utilization, self.kv_cache_gib),
             **speculation_options(self.speculative_config),

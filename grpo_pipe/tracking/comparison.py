@@ -21,7 +21,10 @@ from typing import Any
 
 from grpo_pipe.tracking.comparison_plots import write_page, write_plots
 from grpo_pipe.tracking.mlflow_records import MAX_PARAM_CHARS
+from grpo_pipe.tracking.mlflow_tracker import DESCRIPTION_TAG, SWEEP_TAG
+from grpo_pipe.tracking.run_tags import SWEEP_SPEC_TAG, sweep_run_name
 from grpo_pipe.tracking.sweep_runs import ChildResult, read_children, swept_keys
+from grpo_pipe.tracking.verdict import Verdict, verdict
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +32,7 @@ ARTIFACT_DIR = "comparison"
 TABLE_FILE = "comparison.json"
 BEST_RUN_TAG = "grpo_pipe.best_run_id"
 BEST_LABEL_TAG = "grpo_pipe.best_run"
+VERDICT_TAG = "grpo_pipe.verdict"  # the answer with its margin, one sentence
 
 
 def table_rows(children: Sequence[ChildResult]) -> list[dict[str, Any]]:
@@ -41,6 +45,7 @@ def table_rows(children: Sequence[ChildResult]) -> list[dict[str, Any]]:
             "eval_score_final": c.last.get("eval/score"),
             "reward_first_quarter": c.last.get("summary/reward_first_quarter"),
             "reward_last_quarter": c.last.get("summary/reward_last_quarter"),
+            "setup_min": c.setup_min,
             "step_s": c.median("time/step_s"), "rollout_tokens_per_s": c.median("rollout/tokens_per_s"),
             "sync_total_s": c.median("sync/total_s"),
         }
@@ -83,11 +88,12 @@ def write_comparison(client: Any, parent_id: str) -> list[ChildResult]:
         return children
     rows = table_rows(children)
     best = best_child(children)
+    answer = verdict(children, swept_keys(children))
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         _write_table(rows, folder / TABLE_FILE)
         plots = write_plots(children, folder)
-        write_page(rows, plots, best, folder / "comparison.html")
+        write_page(rows, plots, best, answer, folder / "comparison.html")
         client.log_artifacts(parent_id, str(folder), ARTIFACT_DIR)  # same names: a rerun replaces, never appends
     _register_table(client, parent_id, f"{ARTIFACT_DIR}/{TABLE_FILE}")
     _log_swept_params(client, parent_id, children)
@@ -95,8 +101,28 @@ def write_comparison(client: Any, parent_id: str) -> list[ChildResult]:
         client.log_metric(parent_id, f"best/{best.objective}", best.last[best.objective])
         client.set_tag(parent_id, BEST_RUN_TAG, best.run_id)  # one of them, when several tie
         client.set_tag(parent_id, BEST_LABEL_TAG, best_label(children, best))
+    _describe_parent(client, parent_id, children, answer)
     log.info("Comparison of %d runs written on MLflow run %s (%s/)", len(children), parent_id, ARTIFACT_DIR)
     return children
+
+
+def _describe_parent(client: Any, parent_id: str, children: Sequence[ChildResult], answer: Verdict | None) -> None:
+    """The parent's name says what the sweep varied, its description the answer with its margin (the run list
+    and the run's page in the MLflow UI show both)."""
+    tags = client.get_run(parent_id).data.tags
+    swept = swept_keys(children)
+    spec = tags.get(SWEEP_SPEC_TAG) or " ".join(
+        f"{k}={','.join(dict.fromkeys(c.overrides[k] for c in children if k in c.overrides))}" for k in swept)
+    client.set_tag(parent_id, "mlflow.runName", sweep_run_name(spec, tags.get(SWEEP_TAG, parent_id)))
+    lines = [f"Sweep over `{spec}`: {len(children)} runs."]
+    if answer is None:
+        lines.append("No run logged its objective.")
+    else:
+        client.set_tag(parent_id, VERDICT_TAG, answer.text[:MAX_PARAM_CHARS])
+        lines += ["", f"**{answer.text}**", "", f"{answer.objective} ({answer.direction}), final value per setting:"]
+        lines += [f"- {point.shown()}" for point in answer.points]
+    lines += ["", f"Table, plots and page: artifacts `{ARTIFACT_DIR}/`."]
+    client.set_tag(parent_id, DESCRIPTION_TAG, "\n".join(lines))
 
 
 def _write_table(rows: Sequence[Mapping[str, Any]], path: Path) -> None:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_pipe.tracking.sweep_runs import SYNC_PHASES, ChildResult
+from grpo_pipe.tracking.verdict import Verdict
 
 DPI = 110
 
@@ -45,9 +46,9 @@ def _curves(children: Sequence[ChildResult], path: Path) -> Path:
     plt = _pyplot()
     eval_key = _eval_key(children)
     fig, (reward_ax, eval_ax) = plt.subplots(1, 2, figsize=(12, 4.2))
-    for child in children:
-        _line(reward_ax, child.curves.get("train/reward/mean", []), child.label)
-        _line(eval_ax, child.curves.get(eval_key, []), child.label)
+    for index, child in enumerate(children):
+        _line(reward_ax, child.curves.get("train/reward/mean", []), child.label, index)
+        _line(eval_ax, child.curves.get(eval_key, []), child.label, index)
     reward_ax.set(title="train/reward/mean", xlabel="step")
     eval_ax.set(title=eval_key, xlabel="step (0 = before training)")
     reward_ax.legend(fontsize=8, loc="best")
@@ -55,16 +56,17 @@ def _curves(children: Sequence[ChildResult], path: Path) -> Path:
 
 
 def _score_by_time(children: Sequence[ChildResult], path: Path) -> Path | None:
-    """Each child's evaluations against the minutes since it started: per step, a slow run can look as good as
-    a fast one; per minute it does not."""
+    """Each child's evaluations against the minutes since its first training step: per step, a slow run can look
+    as good as a fast one; per minute it does not. Set-up (engine start, model load: longer for the first job of a
+    sweep, whose caches are cold) is left out, so that it does not decide the race; the table shows it."""
     eval_key = _eval_key(children)
     if not any(len(c.clock.get(eval_key, [])) > 1 for c in children):
         return None  # evaluated once or never: no curve to draw
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for child in children:
-        _line(ax, child.clock.get(eval_key, []), child.label)
-    ax.set(title=f"{eval_key} against wall-clock time", xlabel="minutes since the run started (set-up included)")
+    for index, child in enumerate(children):
+        _line(ax, since_first_step(child.clock.get(eval_key, []), child.setup_min), child.label, index)
+    ax.set(title=f"{eval_key} against wall-clock time", xlabel="minutes of training (from each run's first step)")
     ax.legend(fontsize=8, loc="best")
     return _save(fig, path)
 
@@ -81,9 +83,22 @@ def _eval_key(children: Sequence[ChildResult]) -> str:
     return objective if objective.startswith("eval/") else "eval/score"
 
 
-def _line(ax: Any, points: Sequence[tuple[float, float]], label: str) -> None:
+def since_first_step(points: Sequence[tuple[float, float]], setup_min: float | None) -> list[tuple[float, float]]:
+    """(minutes since start, value) as minutes since the first step; the evaluation before training sits at 0."""
+    offset = setup_min or 0.0
+    return [(max(minutes - offset, 0.0), value) for minutes, value in points]
+
+
+# Runs that score the same draw the same line: each its own marker and dash, a little transparent, so that a line
+# hidden under another still shows.
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+DASHES = ("-", "--", ":", "-.")
+
+
+def _line(ax: Any, points: Sequence[tuple[float, float]], label: str, index: int) -> None:
     if points:
-        ax.plot([s for s, _ in points], [v for _, v in points], marker="o", markersize=3, label=label)
+        ax.plot([s for s, _ in points], [v for _, v in points], label=label, alpha=0.8, markersize=5,
+                marker=MARKERS[index % len(MARKERS)], linestyle=DASHES[index % len(DASHES)], markerfacecolor="none")
 
 
 def _sync_breakdown(children: Sequence[ChildResult], path: Path) -> Path | None:
@@ -138,8 +153,8 @@ def _reward_terms(children: Sequence[ChildResult], path: Path) -> Path | None:
     rows = -(-len(terms) // columns)
     fig, axes = plt.subplots(rows, columns, figsize=(4.5 * columns, 3.4 * rows), squeeze=False)
     for ax, term in zip(axes.flat, terms):
-        for child in children:
-            _line(ax, child.curves.get(f"train/reward/{term}", []), child.label)
+        for index, child in enumerate(children):
+            _line(ax, child.curves.get(f"train/reward/{term}", []), child.label, index)
         ax.set(title=f"train/reward/{term}", xlabel="step")
     for ax in list(axes.flat)[len(terms):]:
         ax.set_visible(False)
@@ -155,13 +170,17 @@ def _save(fig: Any, path: Path) -> Path:
 
 
 def write_page(
-    rows: Sequence[Mapping[str, Any]], plots: Mapping[str, Path], best: ChildResult | None, path: Path
+    rows: Sequence[Mapping[str, Any]], plots: Mapping[str, Path], best: ChildResult | None, answer: Verdict | None,
+    path: Path,
 ) -> None:
-    """One self-contained page: the best run, the table, then every plot."""
+    """One self-contained page: the answer with its margin, the best run, the table, then every plot."""
     headline = "No run logged its objective." if best is None else (
         f"Best by {html.escape(best.objective)} ({html.escape(best.direction)}): <b>{html.escape(best.label)}</b> "
         f"= {best.last[best.objective]:.4g}{_ties(rows, best)}"
     )
+    if answer is not None:
+        points = "".join(f"<li>{html.escape(p.shown())}</li>" for p in answer.points)
+        headline = f"<b>{html.escape(answer.text)}</b></p><ul>{points}</ul><p>{headline}"
     figures = "\n".join(
         f'<h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" src="data:image/png;base64,'
         f'{base64.b64encode(png.read_bytes()).decode()}">'
@@ -169,8 +188,9 @@ def write_page(
     )
     path.write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>Sweep comparison</title><style>"
-        "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:13px}"
-        "td,th{border:1px solid #ccc;padding:3px 6px;text-align:right}th{background:#f3f3f3}"
+        "body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:12px}"
+        "td,th{border:1px solid #ccc;padding:3px 5px;text-align:right}th{background:#f3f3f3;max-width:7em;"
+        "overflow-wrap:anywhere;font-weight:normal}div.wide{max-width:100%;overflow-x:auto}"
         "td:first-child{text-align:left;font-weight:bold}img{max-width:100%}</style></head><body>"
         f"<h1>Sweep comparison: {len(rows)} runs</h1><p>{headline}</p>{_table(rows, best)}{figures}</body></html>"
     )
@@ -191,7 +211,7 @@ def _table(rows: Sequence[Mapping[str, Any]], best: ChildResult | None) -> str:
         + "</tr>"
         for row in rows
     )
-    return f"<table id='comparison'><tr>{head}</tr>{body}</table>"
+    return f"<div class='wide'><table id='comparison'><tr>{head}</tr>{body}</table></div>"
 
 
 def _format(value: Any) -> str:

@@ -28,11 +28,13 @@ from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.env import bound_mlflow_http_waits, mlflow_tracking_uri
 from grpo_pipe.tracking import mlflow_records as records
 from grpo_pipe.tracking.outbox import PENDING_FILE, UPLOAD_COMMAND, Outbox, store_refused, write_pending
+from grpo_pipe.tracking.run_tags import SWEEP_SPEC_TAG, sweep_run_name
 
 log = logging.getLogger(__name__)
 
 SWEEP_TAG = "grpo_pipe.sweep_dir"
 ROLE_TAG = "grpo_pipe.role"
+DESCRIPTION_TAG = "mlflow.note.content"  # the run's description in the MLflow UI (markdown)
 ATTEMPT_TAG = "grpo_pipe.attempt"  # 1 for a new run, +1 on each resume of it
 LAST_STEP_TAG = "grpo_pipe.last_step"  # the last step whose metrics were logged (the recipe keeps it current)
 # MLflow 3 opens an experiment in its GenAI view unless it is marked as model development.
@@ -155,7 +157,7 @@ class MlflowTracker:
         experiment_id = self._experiment_id()
         all_tags = {**tags, ATTEMPT_TAG: "1"}
         if sweep_dir is not None:
-            self.parent_run_id = self._find_or_create_parent(experiment_id, sweep_dir)
+            self.parent_run_id = self._find_or_create_parent(experiment_id, sweep_dir, tags.get(SWEEP_SPEC_TAG, ""))
             all_tags["mlflow.parentRunId"] = self.parent_run_id
             all_tags[ROLE_TAG] = "child"
         run = self._client.create_run(experiment_id, run_name=run_name, tags=all_tags)
@@ -209,15 +211,18 @@ class MlflowTracker:
         )
         self._monitor.start()
 
-    def _find_or_create_parent(self, experiment_id: str, sweep_dir: str) -> str:
+    def _find_or_create_parent(self, experiment_id: str, sweep_dir: str, spec: str) -> str:
+        """The sweep's parent run, named by what the sweep varies; its description says so until the comparison
+        at the sweep's end replaces it with the answer."""
         query = f"tags.`{SWEEP_TAG}` = '{sweep_dir}' and tags.`{ROLE_TAG}` = 'parent'"
         existing = self._client.search_runs([experiment_id], filter_string=query, max_results=1)
         if existing:
             self._client.update_run(existing[0].info.run_id, status="RUNNING")
             return existing[0].info.run_id
-        parent = self._client.create_run(
-            experiment_id, run_name=f"sweep {Path(sweep_dir).name}", tags={SWEEP_TAG: sweep_dir, ROLE_TAG: "parent"}
-        )
+        description = f"Sweep over `{spec}`, running; the comparison and its answer are written here when it ends."
+        parent = self._client.create_run(experiment_id, run_name=sweep_run_name(spec, sweep_dir), tags={
+            SWEEP_TAG: sweep_dir, ROLE_TAG: "parent", SWEEP_SPEC_TAG: spec, DESCRIPTION_TAG: description,
+        })
         return parent.info.run_id
 
     def log_params(self, params: Mapping[str, Any]) -> None:

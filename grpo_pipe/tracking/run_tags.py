@@ -13,6 +13,7 @@ COMMIT_TAG = "grpo_pipe.git_commit"
 VERSION_TAG = "grpo_pipe.version"
 COMMAND_TAG = "grpo_pipe.command"
 OVERRIDES_TAG = "grpo_pipe.overrides"
+SWEEP_SPEC_TAG = "grpo_pipe.sweep_spec"  # what a multirun varies, as given: `weight_bridge=reload,lora`
 CHOICE_PREFIX = "grpo_pipe.choice."
 MAX_TAG_CHARS = 5000  # MLflow's limit on a tag value is 8000; commands get long with many overrides
 
@@ -70,3 +71,17 @@ def swept_keys(argv: Sequence[str], sweeper_params: Mapping[str, object] | None)
         if sep and not key.startswith("-") and ("," in value or value.startswith(("range(", "choice(", "interval("))):
             keys.append(key.lstrip("+~"))
     return keys
+
+
+def sweep_spec(argv: Sequence[str], sweeper_params: Mapping[str, object] | None) -> str:
+    """What a multirun varies, as the user wrote it: the swept command-line overrides, then the sweeper's params."""
+    swept = set(swept_keys(argv, None))
+    given = [arg for arg in argv if arg.partition("=")[0].lstrip("+~") in swept]
+    given += [f"{k}={v}" for k, v in (sweeper_params or {}).items()]
+    return " ".join(given)[:MAX_TAG_CHARS]
+
+
+def sweep_run_name(spec: str, sweep_dir: str) -> str:
+    """The parent run's name: what the sweep varies, then its folder (two sweeps of the same keys stay apart)."""
+    varied = spec if len(spec) <= 120 else spec[:117] + "..."
+    return f"sweep {varied} ({Path(sweep_dir).name})" if varied else f"sweep {Path(sweep_dir).name}"

@@ -33,6 +33,12 @@ class ChildResult:
     clock: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # key -> [(minutes since start, value)]
     label: str = ""  # the swept values that tell it apart, set once all children are known
 
+    @property
+    def setup_min(self) -> float | None:
+        """Minutes from the run's start to its first training step (the engine's and the trainer's set-up)."""
+        first = self.clock.get("train/reward/mean", [])
+        return first[0][0] if first else None
+
     def median(self, key: str) -> float | None:
         values = [v for _, v in self.curves.get(key, [])]
         return statistics.median(values) if values else None

@@ -30,3 +30,16 @@ def test_the_cached_share_of_episodes_is_of_every_turns_prompt() -> None:
     episode = Completion((1,) * 9, (0.0,) * 9, "", "stop", 0, read, episode=EpisodeLog((), model_turns=3, tool_calls=2))
     groups = [RolloutGroup(Task("t/1", "q", "1"), (0,) * 10, (episode, episode))]
     assert rollout_metrics(groups, 1.0)["rollout/cached_prompt_fraction"] == 76 / 90
+
+
+def test_the_step_line_says_n_a_for_what_a_step_could_not_measure() -> None:
+    from grpo_pipe.progress import summary_line
+
+    line = summary_line(3, 10, {"train/reward/mean": 0.5, "train/loss": 0.0, "train/update_applied": 0.0,
+                                "train/clip_fraction": 0.0, "mismatch/logprob_abs_mean": float("nan")})
+    assert "reward 0.500" in line and "acc n/a" in line and "loss n/a" in line and "mismatch n/a" in line
+    assert "clip n/a" in line and "nan" not in line
+    trained = summary_line(4, 10, {"train/loss": -0.25, "train/update_applied": 1.0, "train/active_samples": 8.0,
+                                   "train/clip_fraction": 0.1})
+    assert "loss n/a" in summary_line(5, 10, {"train/loss": 0.0, "train/update_applied": 1.0, "train/active_samples": 0.0})
+    assert "loss -0.2500" in trained and "clip 0.100" in trained

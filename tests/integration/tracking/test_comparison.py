@@ -91,6 +91,13 @@ def test_the_comparison_has_a_row_per_child_plots_page_params_and_the_best(sweep
     assert parent.data.metrics == {"best/eval/accuracy": 0.75}
     assert parent.data.tags["grpo_pipe.best_run"] == "weight_bridge=lora"
     assert json.loads(parent.data.tags["mlflow.loggedArtifacts"]) == [{"path": "comparison/comparison.json", "type": "table"}]
+    # The run list names the parent by what it varied; its description gives the answer and says the margin is
+    # unknown (one seed per bridge).
+    assert parent.info.run_name == "sweep weight_bridge=reload,lora,nccl (sweep)"
+    assert parent.data.tags["grpo_pipe.verdict"].startswith("weight_bridge=lora leads on eval/accuracy by 0.25")
+    description = parent.data.tags["mlflow.note.content"]
+    assert "margin unknown" in description and "- weight_bridge=nccl: 0.5 (1 seed)" in description
+    assert "margin unknown" in page and lora["setup_min"] is not None and lora["setup_min"] >= 0
 
 
 def test_minimize_picks_the_lowest(sweep, tmp_path: Path) -> None:

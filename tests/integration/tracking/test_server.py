@@ -164,13 +164,18 @@ def test_the_mlflow_ui_shows_the_runs_and_the_comparison_page(sweep: Sweep) -> N
     view = "?workflowType=machine_learning"  # the training view (the 3.17 UI does not follow the experiment's tag)
 
     runs_dom = _look(f"{sweep.uri}/#/experiments/{experiment_id}/runs{view}", "experiment_runs", folder)
-    assert f"sweep {sweep.sweep_dir.name}" in runs_dom  # the parent, its two children folded under it
+    # The parent, named by what the sweep varied (its two children folded under it).
+    assert f"sweep weight_bridge={','.join(BRIDGES)} ({sweep.sweep_dir.name})" in _text(runs_dom)
     assert "3 matching runs" in _text(runs_dom)
     # Sorted by name, the table lists the children flat (MLflow nests them only in its default, by-date order):
     # each child's row is named by the bridge it ran.
     flat = f"{view}&orderByKey=attributes.run_name&orderByAsc=true"
     flat_text = _text(_look(f"{sweep.uri}/#/experiments/{experiment_id}/runs{flat}", "experiment_runs_by_name", folder))
     assert all(f"weight_bridge={b}" in flat_text for b in BRIDGES), flat_text[-2000:]
+
+    # The parent's page: its description holds the sweep's answer and its margin.
+    parent_text = _text(_look(f"{sweep.uri}/#/experiments/{experiment_id}/runs/{parent_id}{view}", "parent", folder))
+    assert "margin unknown" in parent_text or "Tie on eval/accuracy" in parent_text, parent_text[-2000:]
 
     artifact = "comparison/comparison.html"
     ui_dom = _look(f"{sweep.uri}/#/experiments/{experiment_id}/runs/{parent_id}/artifacts/{artifact}{view}",

@@ -81,3 +81,15 @@ def test_a_sweeps_children_are_named_by_what_differs() -> None:
     assert job_run_name(["reward.wrong=-0.2", "run.seed=1", "model=tiny_random"], swept) == "reward.wrong=-0.2,run.seed=1"
     assert job_run_name(["model=tiny_random", "trainer.steps=2"], []) == "model=tiny_random,trainer.steps=2"
     assert job_run_name([], []) == "default"
+
+
+def test_a_sweep_parent_is_named_by_what_it_varies_and_its_folder() -> None:
+    from grpo_pipe.tracking.run_tags import sweep_run_name, sweep_spec
+
+    argv = ["-m", "weight_bridge=reload,lora", "trainer.steps=2", "reward.wrong=0.0,-0.2"]
+    spec = sweep_spec(argv, {"trainer.lr": "interval(1e-6, 1e-4)"})
+    assert spec == "weight_bridge=reload,lora reward.wrong=0.0,-0.2 trainer.lr=interval(1e-6, 1e-4)"
+    assert sweep_run_name(spec, "/x/outputs/multiruns/2026-11-27_15-41-09") == (
+        f"sweep {spec} (2026-11-27_15-41-09)")
+    assert sweep_run_name("", "/x/2026-11-27") == "sweep 2026-11-27"
+    assert len(sweep_run_name("k=" + "a," * 100, "/x/d")) < 140
