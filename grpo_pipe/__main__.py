@@ -66,7 +66,7 @@ def main() -> None:
     fail first, all together in the project's error format with the nearest allowed names (rc 2); then Hydra
     composes and runs the job."""
     from grpo_pipe.config.output_dirs import output_dir_problems
-    from grpo_pipe.config.overrides import override_problems
+    from grpo_pipe.config.overrides import override_problems, problems_beside
 
     if sys.argv[1:] in (["--version"], ["-V"]):
         print(versions())
@@ -75,10 +75,16 @@ def main() -> None:
     logging.captureWarnings(True)  # library warnings (FutureWarning, ...) go where the job's config sends py.warnings
     problems = override_problems(sys.argv[1:]) + output_dir_problems(sys.argv[1:], Path.cwd())
     if problems:
-        logging.basicConfig(format="%(message)s")
-        log.error("%s", ConfigError(problems))
+        report_config_error(ConfigError(list(dict.fromkeys(problems + problems_beside(sys.argv[1:], problems)))))
         sys.exit(2)
     run_job()
+
+
+def report_config_error(err: ConfigError) -> None:
+    """Every config mistake in one format, wherever it was found: the plain block on stderr (no time or level
+    prefix); into the job's log file as well once the job's logging is set up."""
+    print(err, file=sys.stderr, flush=True)
+    logging.getLogger("grpo_pipe.traceback").info("%s", err)
 
 
 def _forget_unstarted_job(folder: Path) -> None:
@@ -120,7 +126,7 @@ def run_job(cfg: DictConfig) -> float:
             cfg, job = resumed(cfg, job)
         result = run(cfg, job)
     except ConfigError as err:
-        log.error("%s", err)
+        report_config_error(err)
         _forget_unstarted_job(Path(HydraConfig.get().runtime.output_dir))
         sys.exit(2)
     except CheckpointWriteError as err:  # disk full, ...: the message says what, where, and how to continue

@@ -13,6 +13,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.config.sources import CONF_DIR
 
 UNKNOWN = re.compile(r"Could not override '([^']+)'")
@@ -112,3 +113,29 @@ def _unknown(key: str, choices: list[str]) -> str:
     hint = f"; nearest: {', '.join(prefix + n for n in nearest)}" if nearest else ""
     allowed = f"; allowed{' under ' + parent if parent else ''}: {', '.join(keys)}" if keys else ""
     return f"{key}: unknown key{hint}{allowed}"
+
+
+def problems_beside(args: Sequence[str], found: Sequence[str]) -> list[str]:
+    """The value and combination problems of the config composed without the overrides `found` already names, so
+    that one command's mistakes are all reported at once, not one kind per try. Empty for a sweep or another mode
+    (each job's config differs: Hydra composes them one by one) and when the rest does not compose."""
+    from grpo_pipe.components import build
+
+    if any(a.startswith("-") or _is_sweep(a) for a in args):
+        return []
+    named = {problem.split(":", 1)[0].split("=", 1)[0] for problem in found}
+    rest = [a for a in args if "=" in a and a.split("=", 1)[0].lstrip("+~") not in named]
+    try:
+        build(_compose(rest))
+    except ConfigError as err:
+        return err.problems
+    except Exception:  # noqa: BLE001 - not a mistake in a value: Hydra or the job reports it in its own words
+        return []
+    return []
+
+
+def _is_sweep(arg: str) -> bool:
+    """`key=a,b` or a sweep function: several values, one per job (a list value in brackets is one value)."""
+    value = arg.partition("=")[2].strip()
+    return value.startswith(("range(", "choice(", "interval(", "glob(")) or (
+        "," in value and not value.startswith(("[", "{", "'", '"')))

@@ -23,6 +23,7 @@ from typing import Any
 from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from grpo_pipe.config.errors import ConfigError
 
@@ -41,18 +42,28 @@ def validate_config(cfg: DictConfig, groups: Sequence[str], plain_keys: Sequence
         if key not in groups and key not in plain_keys and key != "hydra":
             allowed = ", ".join(sorted([*groups, *plain_keys]))
             problems.append(f"{key}: unknown top-level key; allowed: {allowed}")
+    well_typed = []  # groups whose values all have the right types: their constructors may judge their ranges
     for group in groups:
         node = cfg.get(group)
         if not isinstance(node, DictConfig) or "_target_" not in node:
             problems.append(f"{group}: expected a component config with a `_target_`, got {_show(node)}")
             continue
+        found = len(problems)
         _check_component(group, node, problems)
-    if not problems:  # the rules below read values the type pass has vouched for
-        problems.extend(cross_field_problems(cfg))
-        if problems:  # report the constructors' own range checks with them, not on the next try
-            problems.extend(_each_constructor_alone(cfg, groups))
-    if problems:
+        if len(problems) == found:
+            well_typed.append(group)
+    problems.extend(_cross_field_problems_read_safely(cfg))  # each rule reads its values defensively
+    if problems:  # report the constructors' own range checks with them, not on the next try
+        problems.extend(_each_constructor_alone(cfg, well_typed))
         raise ConfigError(list(dict.fromkeys(problems)))
+
+
+def _cross_field_problems_read_safely(cfg: DictConfig) -> list[str]:
+    """The cross-field rules beside the type problems; a value that does not even resolve is already named."""
+    try:
+        return cross_field_problems(cfg)
+    except OmegaConfBaseException:
+        return []
 
 
 def cross_field_problems(cfg: DictConfig) -> list[str]:

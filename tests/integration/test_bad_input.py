@@ -94,7 +94,8 @@ def test_a_misspelt_key_gets_the_nearest_allowed_names_not_hydras_append_advice(
     assert done.returncode == 2, out
     assert "trainer.lrr: unknown key; nearest: trainer.lr; allowed under trainer:" in out
     assert "run.tempreature: unknown key; nearest: run.temperature;" in out
-    assert "data.train_path" not in out  # a key of the chosen option (data=jsonl) is known
+    assert "data.train_path: unknown key" not in out  # a key of the chosen option (data=jsonl) is known...
+    assert "data.train_path='tasks.jsonl'" in out  # ...and its file, missing, is named in the same block
     assert "To append to your config use" not in out and "Traceback" not in out
 
 

@@ -38,8 +38,20 @@ def test_options_and_keys_are_all_reported_together_and_a_wrong_options_keys_are
     assert [p.split(":")[0] for p in problems] == ["weight_bridge=ncl", "curriculum=kde_bucket", "trainer.lrr"]
 
 
-def test_the_command_reports_them_in_one_block_with_exit_code_2() -> None:
-    done = subprocess.run([sys.executable, "-m", "grpo_pipe", "weight_bridge=ncl", "trainer.lrr=1"],
-                          capture_output=True, text=True, timeout=120)
+def test_the_command_reports_every_kind_of_mistake_in_one_block_with_exit_code_2() -> None:
+    # An unknown option, an unknown key, a value of the wrong type and a budget that does not fit: one try, one block.
+    done = subprocess.run([sys.executable, "-m", "grpo_pipe", "weight_bridge=ncl", "trainer.lrr=1", "reward.wrong=abc",
+                           "run.max_new_tokens=999999"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert done.stderr.count("Invalid config:") == 1 and "nearest: nccl" in done.stderr and "nearest: trainer.lr" in done.stderr
+    assert done.stderr.startswith("Invalid config:\n") and done.stderr.count("Invalid config:") == 1, done.stderr
+    assert "nearest: nccl" in done.stderr and "nearest: trainer.lr" in done.stderr
+    assert "reward.wrong='abc': expected a number" in done.stderr
+    assert "run.max_new_tokens=999999 leaves no room for a prompt" in done.stderr
+
+
+def test_a_sweeps_values_are_left_to_each_job() -> None:
+    from grpo_pipe.config.overrides import problems_beside
+
+    assert problems_beside(["-m", "weight_bridge=reload,lora", "reward.wrong=abc"], []) == []
+    assert problems_beside(["reward.wrong=abc", "trainer.lrr=1"], ["trainer.lrr: unknown key"]) == [
+        "reward.wrong='abc': expected a number"]
