@@ -33,7 +33,7 @@ from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.files import folder_bytes, replace_atomically
 from grpo_pipe.bridges.shared_memory import SharedBuckets, map_buckets
 from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.interfaces import AdapterEngine, AdapterPolicy, LocalEngine
+from grpo_pipe.interfaces import AdapterEngine, AdapterPolicy, MemoryAdapterEngine
 from grpo_pipe.rollout import worker_adapters
 from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
 from grpo_pipe.types import SyncStats
@@ -59,7 +59,7 @@ class MemoryTransport:
     """One flat buffer in the engine's dtype that the engine's worker mapped once; the worker builds each
     adapter from it through vLLM's `add_lora`."""
 
-    def __init__(self, engine: Any, policy: AdapterPolicy) -> None:
+    def __init__(self, engine: MemoryAdapterEngine, policy: AdapterPolicy) -> None:
         self.engine = engine
         tensors = policy.adapter_tensors()
         shapes = [(name, torch.empty(t.shape, dtype=engine.weight_dtype, device="meta")) for name, t in tensors.items()]
@@ -88,7 +88,7 @@ class MemoryTransport:
 class FolderTransport:
     """peft's adapter folder, written where the engine can read it (RAM-backed where possible) and loaded by path."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: AdapterEngine) -> None:
         self.engine = engine
         self.root = Path(tempfile.mkdtemp(prefix="grpo_pipe-lora-", dir=env.fast_scratch_dir()))
 
@@ -118,14 +118,15 @@ class LoraHotSwapBridge:
         self.max_lora_rank = max_lora_rank
         self.max_loras = max_loras
         self.transport = transport
-        self.engine: Any = None
+        self.engine: AdapterEngine | None = None
         self._transport: AdapterTransport | None = None  # chosen at connect: `auto` depends on the engine
         self._live: list[int] = []  # adapter ids loaded in the engine, oldest first
 
     @staticmethod
     def _memory_capable(engine: object) -> bool:
         # CUDA IPC maps memory of another process only: a GPU engine in this process takes the folder.
-        return isinstance(engine, LocalEngine) and engine.device_ids is None and not (engine.in_process and engine.on_gpu)
+        return (isinstance(engine, MemoryAdapterEngine) and engine.device_ids is None
+                and not (engine.in_process and engine.on_gpu))
 
     def check(self, engine: object, policy: object) -> list[str]:
         problems = []
@@ -148,12 +149,13 @@ class LoraHotSwapBridge:
                 "max_cpu_loras": self.max_loras + 1,  # the new adapter arrives before the retired one leaves
                 **worker_extension(AdapterReceiver)}
 
-    def connect(self, engine: Any, policy: AdapterPolicy) -> None:
+    def connect(self, engine: AdapterEngine, policy: AdapterPolicy) -> None:
         self.engine = engine
-        if self.transport == "folder" or not self._memory_capable(engine):
-            self._transport = FolderTransport(engine)
-        else:
+        if self.transport != "folder" and self._memory_capable(engine):
+            assert isinstance(engine, MemoryAdapterEngine)  # what _memory_capable checked
             self._transport = MemoryTransport(engine, policy)
+        else:
+            self._transport = FolderTransport(engine)
 
     def push(self, policy: AdapterPolicy, version: int) -> SyncStats:
         if self._transport is None:
@@ -166,7 +168,7 @@ class LoraHotSwapBridge:
                          pause_s=loaded - started, bytes_moved=nbytes, policy_version=version)
 
     def _retire_all_but(self, version: int) -> None:
-        assert self._transport is not None
+        assert self._transport is not None and self.engine is not None
         for old in self._live:
             self.engine.retire_adapter(old)
             self._transport.forget(old)

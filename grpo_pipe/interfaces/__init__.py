@@ -12,6 +12,7 @@ from grpo_pipe.interfaces.engines import (
     GeneratesInBackground,
     InProcessModelEngine,
     LocalEngine,
+    MemoryAdapterEngine,
     PendingRollout,
     RolloutEngine,
     WorkerRpcEngine,
@@ -39,6 +40,7 @@ from grpo_pipe.interfaces.weights import AdapterPolicy, ModulePolicy, Policy, We
 
 __all__ = [
     "AdapterEngine",
+    "MemoryAdapterEngine",
     "AdapterPolicy",
     "CheckpointStore",
     "ChecksItsConfig",

@@ -142,7 +142,25 @@ class AdapterEngine(Protocol):
         """Load the adapter saved in `folder` and serve every following request with it."""
         ...
 
-    def retire_adapter(self, adapter_id: int) -> None: ...
+    def retire_adapter(self, adapter_id: int) -> None:
+        """Free the adapter's slot once no running request uses it."""
+        ...
+
+
+@runtime_checkable
+class MemoryAdapterEngine(AdapterEngine, LocalEngine, Protocol):
+    """An engine on this machine whose workers build each adapter from memory they mapped once (`weight_bridge=lora`
+    with `transport: memory`): no folder is written or read."""
+
+    def call_workers(self, method: str, *args: Any, timeout_s: float | None = None, changes_weights: bool = True
+                     ) -> list[Any]:
+        """As `WorkerRpcEngine.call_workers`; `changes_weights=False` for calls that leave the weights alone
+        (building an adapter), so cached prefixes stay valid."""
+        ...
+
+    def serve_adapter(self, name: str, adapter_id: int) -> None:
+        """Serve every following request with an adapter the workers already built."""
+        ...
 
 
 @runtime_checkable

@@ -7,6 +7,7 @@ import torch
 from grpo_pipe.bridges.contract import push_weights
 from grpo_pipe.bridges.lora_hotswap import LoraHotSwapBridge
 from grpo_pipe.config.validate import ConfigError
+from grpo_pipe.interfaces import AdapterEngine, MemoryAdapterEngine
 from grpo_pipe.pipeline import build
 from grpo_pipe.types import SamplingSettings
 from tests.bridge_equality import train_sync_and_compare
@@ -37,6 +38,7 @@ def test_lora_transport_is_checked_before_anything_loads(compose_cfg) -> None:
     with pytest.raises(ConfigError, match="transport='disk': must be one of auto, memory, folder"):
         build(compose_cfg(["weight_bridge=lora", "weight_bridge.transport=disk"]))
     remote = RemoteAdapterEngine()  # serves adapters, but from files only (as an engine behind Ray does)
+    assert isinstance(remote, AdapterEngine) and not isinstance(remote, MemoryAdapterEngine)
     assert any("transport=memory needs a vLLM engine" in p for p in LoraHotSwapBridge(transport="memory").check(remote, None))
     assert not any("transport" in p for p in LoraHotSwapBridge(transport="auto").check(remote, None))
 
@@ -60,6 +62,7 @@ def test_adapters_pushed_while_a_generation_runs_leave_its_adapter_until_it_ends
     parts = build(compose_cfg(["weight_bridge=lora", f"weight_bridge.transport={transport}"]))
     engine, trainer, bridge = parts.rollout, parts.trainer, parts.weight_bridge
     engine.background = True  # generate on a thread of its own, as the runner does when it may run ahead
+    assert isinstance(engine, MemoryAdapterEngine)  # the vLLM engine is the Protocol the memory transport needs
     model_path = parts.model.materialize()
     engine.connect(model_path, bridge.engine_options())
     try:
