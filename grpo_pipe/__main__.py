@@ -17,8 +17,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from grpo_pipe import env
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.config.sources import CONF_DIR
-from grpo_pipe.config.validate import ConfigError
 from grpo_pipe.tracking.run_tags import SWEEP_SPEC_TAG, job_run_name, run_tags, sweep_spec, swept_keys
 
 if TYPE_CHECKING:  # the pipeline imports torch: only a job pays for that, not `--help`

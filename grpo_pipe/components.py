@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from grpo_pipe.config.validate import ConfigError, instantiate_components, validate_config
+from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.validate import instantiate_components, validate_config
 from grpo_pipe.interfaces import (
     CheckpointStore,
     ChecksItsConfig,

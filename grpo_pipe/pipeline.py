@@ -16,7 +16,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from grpo_pipe.checkpointing import Checkpoint, CorruptCheckpointError, config_differences, find_resume_checkpoint
 from grpo_pipe.components import PLAIN_KEYS, VALIDATED_GROUPS, Components, build
-from grpo_pipe.config.validate import ConfigError
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import Tracker
 from grpo_pipe.progress import format_metrics
 from grpo_pipe.recipe import GRPORecipe, RunResult, check_data_and_reward

@@ -27,7 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from grpo_pipe.config.errors import ConfigError
 
-__all__ = ["ConfigError", "cross_field_problems", "instantiate_components", "validate_config"]
+__all__ = ["cross_field_problems", "instantiate_components", "validate_config"]
 
 log = logging.getLogger(__name__)
 HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}

@@ -81,7 +81,7 @@ class HfDatasetTasks(RowTaskSource):
         dataset = self._load()
         problems = self._split_problems(dataset)
         if problems:  # a hub dataset, seen for the first time now
-            from grpo_pipe.config.validate import ConfigError
+            from grpo_pipe.config.errors import ConfigError
 
             raise ConfigError([f"data.{p}" for p in problems])
         train = self._tasks(dataset, self.train_split)

@@ -54,7 +54,8 @@ class PolicyLoss(Protocol):
 
 @runtime_checkable
 class Trainer(Protocol):
-    """Owns the policy and its optimizer; one `step` = one optimizer update (advantages included)."""
+    """Owns the policy and its optimizer; one `step` trains on one batch of groups: `updates_per_batch` optimizer
+    updates (one by default), the policy version moving by one (advantages included)."""
 
     steps: int  # optimizer steps the run is configured for
     version: int  # bumped by every applied update: the policy version the engine should serve

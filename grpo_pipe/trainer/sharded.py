@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import torch
 
-from grpo_pipe.config.validate import ConfigError
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.trainer.errors import TrainerLost
 from grpo_pipe.trainer.grpo import BatchPlan, GRPOTrainer
 from grpo_pipe.trainer.shard_worker import ShardWorker, deal

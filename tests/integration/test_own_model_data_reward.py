@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from grpo_pipe.config.validate import ConfigError
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.pipeline import JobContext, build, run
 

@@ -94,7 +94,7 @@ def test_kill_9_then_resume_ends_exactly_like_an_uninterrupted_run(reference, tm
 
 
 def test_resume_with_a_changed_config_is_refused_before_anything_loads(reference, compose_cfg, tmp_path) -> None:
-    from grpo_pipe.config.validate import ConfigError
+    from grpo_pipe.config.errors import ConfigError
     from grpo_pipe.pipeline import JobContext, run
 
     ref_dir, _ = reference

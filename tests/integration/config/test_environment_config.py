@@ -2,7 +2,7 @@
 
 import pytest
 
-from grpo_pipe.config.validate import ConfigError
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.pipeline import build
 
 TOOLS = "tests/fixtures/tools"

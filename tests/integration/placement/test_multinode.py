@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from grpo_pipe.components import Components
-from grpo_pipe.config.validate import ConfigError
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.pipeline import JobContext, build, run
 from grpo_pipe.placement.resources import gpu_problems
 from grpo_pipe.rollout.ray_engine import _shares

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_pipe.config.validate import ConfigError
+from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.trainer.grpo import GRPOTrainer, PassCache
 from grpo_pipe.trainer.loss import GRPOLoss
