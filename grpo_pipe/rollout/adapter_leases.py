@@ -22,6 +22,12 @@ class AdapterLeases:
         self._retiring: set[int] = set()  # retired while leased: removed when the last lease ends
         self.current: Any = None  # the LoRARequest new calls start with (None: no adapter)
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {}  # an engine spec sent to another process (an engine actor) starts with no adapter and no lease
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()  # type: ignore[misc]
+
     def serve(self, request: Any) -> None:
         """New calls start with `request` from now on."""
         with self._lock:

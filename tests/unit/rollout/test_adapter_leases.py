@@ -1,3 +1,4 @@
+import pickle
 from types import SimpleNamespace
 
 from grpo_pipe.rollout.adapter_leases import AdapterLeases
@@ -32,3 +33,13 @@ def test_without_an_adapter_calls_hold_no_lease() -> None:
     leases = AdapterLeases()
     call = leases.take()
     assert call is None and leases.release(call) == [] and leases.leased() == set()
+
+
+def test_an_engine_spec_sent_to_another_process_starts_with_no_adapter_and_no_lease() -> None:
+    from grpo_pipe.rollout.vllm_engine import VllmEngine
+
+    engine = VllmEngine()
+    engine.adapters.serve(adapter(1))
+    engine.adapters.take()
+    copy = pickle.loads(pickle.dumps(engine))  # as Ray sends the engine's spec to an engine actor
+    assert copy.adapters.current is None and copy.adapters.leased() == set()
