@@ -149,15 +149,24 @@ def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     return scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - scaled.logsumexp(dim=-1)
 
 
-def completion_entropy(logits: torch.Tensor, batch: MicroBatch, temperature: float) -> torch.Tensor:
-    """The policy's entropy (nats) at each completion position, at `temperature`, without gradients.
-    logits: [B, K, V] as for `completion_logprobs` -> [B, T]. Rows are done in chunks of the same size
-    as the log-softmax, so no [B, T, V] fp32 copy is held at once."""
-    with torch.no_grad():
-        logits = logits.detach()[:, -(batch.completion_mask.shape[1] + 1) : -1]  # [B, T, V]
-        rows = max(1, LOGSOFTMAX_CHUNK_ELEMENTS // max(logits.shape[1] * logits.shape[2], 1))
-        parts = []
-        for i in range(0, logits.shape[0], rows):
-            logp = torch.log_softmax(logits[i : i + rows].float() / temperature, dim=-1)  # [b, T, V]
-            parts.append(-(logp.exp() * logp).sum(dim=-1))  # [b, T]
-        return torch.cat(parts) * batch.completion_mask  # [B, T]
+def completion_entropy(logits: torch.Tensor, batch: MicroBatch, temperature: float, grad: bool = False) -> torch.Tensor:
+    """The policy's entropy (nats) at each completion position, at `temperature`. logits: [B, K, V] as for
+    `completion_logprobs` -> [B, T]. Rows are done in chunks of the same size as the log-softmax, so no [B, T, V]
+    fp32 copy is held at once; with `grad` (the entropy bonus) each chunk is recomputed in the backward pass."""
+    logits = logits[:, -(batch.completion_mask.shape[1] + 1) : -1]  # [B, T, V]
+    rows = max(1, LOGSOFTMAX_CHUNK_ELEMENTS // max(logits.shape[1] * logits.shape[2], 1))
+    if not grad:
+        with torch.no_grad():
+            parts = [_token_entropy(logits[i : i + rows].detach(), temperature) for i in range(0, logits.shape[0], rows)]
+    else:
+        from torch.utils.checkpoint import checkpoint
+
+        parts = [cast(torch.Tensor, checkpoint(_token_entropy, logits[i : i + rows], temperature, use_reentrant=False))
+                 for i in range(0, logits.shape[0], rows)]
+    return torch.cat(parts) * batch.completion_mask  # [B, T]
+
+
+def _token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """[b, T, V] logits -> [b, T] entropy of the softmax at `temperature`, in fp32."""
+    logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # [b, T, V]
+    return -(logp.exp() * logp).sum(dim=-1)

@@ -230,8 +230,8 @@ class GRPOTrainer:
         samples = flatten(groups, advantages.tolist())
         counted = [s for s in samples if not (self.loss.mask_truncated and s.truncated)]
         # A zero advantage adds exactly nothing to the surrogate, so its forward/backward is skipped; it
-        # still counts in the normaliser. The KL term is not zero for it, so then everything runs.
-        skip = self.skip_zero_advantage and not self.loss.needs_reference
+        # still counts in the normaliser. The KL term and the entropy bonus are not zero for it, so then everything runs.
+        skip = self.skip_zero_advantage and not self.loss.zero_advantage_has_gradient
         active = [s for s in counted if s.advantage != 0.0 or not skip]
         normaliser = self.loss.normaliser([s.trained_tokens for s in counted])  # environment tokens: none
         # Similar lengths share a micro-batch, so padding stays small.
@@ -253,14 +253,17 @@ class GRPOTrainer:
             with self.precision.autocast(self.device):
                 logits = module(**batch.model_inputs(self.logits_to_keep)).logits  # [B, T + 1 or P + T, V]
             new_logprobs = completion_logprobs(logits, batch, temperature)  # [B, T]
+            bonus = self.loss.entropy_coef > 0  # the entropy is then a term of the loss, with its gradient
+            entropy = completion_entropy(logits, batch, temperature, grad=True) if bonus else None  # [B, T]
             if first_pass:  # the policy as the batch found it: the proximal reference of every later pass
                 cache.proximal.append(new_logprobs.detach())
-                entropy = completion_entropy(logits, batch, temperature)  # [B, T]
+                seen = entropy.detach() if entropy is not None else completion_entropy(logits, batch, temperature)
                 clip = (self.loss.clip_low, self.loss.clip_high)
-                mismatch.add(mismatch_sums(new_logprobs, batch.sampling_logprobs, batch.completion_mask, clip, entropy))
+                mismatch.add(mismatch_sums(new_logprobs, batch.sampling_logprobs, batch.completion_mask, clip, seen))
             loss, step_stats = self.loss(
                 new_logprobs, batch.sampling_logprobs, batch.advantages, batch.completion_mask,
                 plan.normaliser, ref_logprobs=cache.reference[index], proximal_logprobs=cache.proximal[index],
+                entropy=entropy,
             )
             loss.backward()
             loss_sum += float(loss.detach())

@@ -38,6 +38,10 @@ How this departs from the GRPO paper (Shao et al., 2024):
    - `objective: cispo` (MiniMax-M1 2025; TRL's `loss_type="cispo"`): no clipped surrogate; each token's loss is
      -min(ratio, cispo_max) x advantage x log pi, the ratio detached, so every token keeps a gradient (the clip
      bounds its weight, never removes it); `loss=cispo` averages over the batch's tokens, as TRL does.
+8. An entropy bonus (`entropy_coef`, verl's `entropy_coeff`; off by default): each model token's loss less
+   entropy_coef x the policy's entropy at its position, aggregated as the surrogate. It is the one term that still
+   has a gradient when every group's rewards are equal, so a policy whose samples have become identical is pushed
+   to spread again instead of staying on a plateau that no advantage can leave.
 """
 
 from __future__ import annotations
@@ -94,6 +98,7 @@ class GRPOLoss:
         ratio_level: RatioLevel = "token",
         objective: Objective = "clipped",
         cispo_max: float = 5.0,
+        entropy_coef: float = 0.0,
     ) -> None:
         checks = [
             (clip_low >= 0 and clip_high >= 0, f"loss.clip_low={clip_low}, loss.clip_high={clip_high}: must be >= 0"),
@@ -109,6 +114,7 @@ class GRPOLoss:
             (objective in ("clipped", "cispo"),
              f"loss.objective={objective}: allowed: clipped (PPO's clipped surrogate), cispo (clipped IS weights)"),
             (cispo_max > 0, f"loss.cispo_max={cispo_max}: must be > 0"),
+            (entropy_coef >= 0, f"loss.entropy_coef={entropy_coef}: must be >= 0 (0: no entropy bonus)"),
             (ratio_reference == "policy" or is_cap is None,
              f"loss.is_cap={is_cap} with loss.ratio_reference=sampler: the sampler is already the ratio's reference; "
              "set loss.is_cap=null, or loss.ratio_reference=policy"),
@@ -128,10 +134,16 @@ class GRPOLoss:
         self.ratio_level = ratio_level
         self.objective = objective
         self.cispo_max = cispo_max  # CISPO's upper bound on a token's (detached) ratio weight: ScaleRL's eps_max
+        self.entropy_coef = entropy_coef
 
     @property
     def needs_reference(self) -> bool:
         return self.kl_coef > 0
+
+    @property
+    def zero_advantage_has_gradient(self) -> bool:
+        """Whether a completion whose advantage is 0 still adds a gradient (the KL term, the entropy bonus)."""
+        return self.kl_coef > 0 or self.entropy_coef > 0
 
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         """[N] rewards, [N] group ids -> [N] advantages."""
@@ -156,6 +168,7 @@ class GRPOLoss:
         normaliser: float,  # from `normaliser()` over the whole optimizer step
         ref_logprobs: torch.Tensor | None = None,  # [B, T] under the frozen reference, when kl_coef > 0
         proximal_logprobs: torch.Tensor | None = None,  # [B, T] the trainer's, as the batch found the policy
+        entropy: torch.Tensor | None = None,  # [B, T] the policy's entropy per position, with its graph, when entropy_coef > 0
     ) -> tuple[torch.Tensor, LossStats]:
         """Loss for one micro-batch, scaled for summing over the micro-batches of one step.
 
@@ -192,6 +205,10 @@ class GRPOLoss:
             log_ratio_ref = ref_logprobs - new_logprobs  # [B, T]
             kl = torch.exp(log_ratio_ref) - log_ratio_ref - 1.0  # [B, T] k3 estimator, >= 0
             per_token = per_token + self.kl_coef * kl
+        if self.entropy_coef > 0:
+            if entropy is None:
+                raise ValueError("loss.entropy_coef > 0 but no entropy was given")
+            per_token = per_token - self.entropy_coef * entropy
         summed = per_token * mask  # [B, T]
         if self.aggregation == "sequence_mean":
             loss = (summed.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).sum() / normaliser

@@ -227,3 +227,21 @@ def test_kl_to_the_frozen_starting_policy(policy_cls) -> None:
     with torch.no_grad():
         now = trainer.policy.module(input_ids=ids, attention_mask=mask).logits
     assert not torch.equal(now, start)
+
+
+def test_entropy_bonus_spreads_a_batch_whose_rewards_are_all_equal() -> None:
+    """A collapsed policy gives every group equal rewards: no advantage, nothing to learn from. The entropy bonus is
+    the one term left with a gradient; it must train every sample and raise the policy's entropy."""
+    path = TinyRandomModel().materialize()
+    groups, rewards = scored_groups()
+    flat = [1.0] * len(rewards)
+    plain = _trainer(4, path)
+    assert plain.plan(groups, flat).active == []  # no advantage anywhere: nothing runs
+    torch.manual_seed(0)
+    trainer = GRPOTrainer(FullFinetunePolicy(), loss=GRPOLoss(aggregation="token_mean", entropy_coef=1.0), steps=3, lr=1e-2)
+    trainer.setup(path, torch.device("cpu"), pad_id=0)
+    first = trainer.step(groups, flat, temperature=1.0)
+    second = trainer.step(groups, flat, temperature=1.0)
+    assert first["train/active_samples"] == 12.0 and first["train/update_applied"] == 1.0
+    assert second["train/entropy"] > first["train/entropy"]  # measured before each update: the first one spread it
+    assert first["train/loss"] == pytest.approx(-first["train/entropy"], rel=1e-5)  # no advantage: the bonus alone

@@ -296,3 +296,22 @@ def test_bad_settings_are_all_named() -> None:
     message = str(err.value)
     assert "loss.kl_coef=-1.0" in message and "loss.max_tokens=None" in message
     assert "loss.is_cap=2.0 with loss.ratio_reference=sampler" in message
+
+
+def test_entropy_bonus_by_hand_lowers_each_tokens_loss_by_coef_times_its_entropy() -> None:
+    new = torch.log(torch.tensor([[0.5, 0.25, 0.9]]))
+    entropy = torch.tensor([[0.7, 1.2, 5.0]], requires_grad=True)  # the third position is padding
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss_fn = GRPOLoss(aggregation="token_mean", entropy_coef=0.1)
+    plain = GRPOLoss(aggregation="token_mean")
+    adv = torch.tensor([0.5])
+    with_bonus, _ = loss_fn(new, new, adv, mask, 2.0, entropy=entropy)
+    without, _ = plain(new, new, adv, mask, 2.0)
+    assert float(with_bonus) == pytest.approx(float(without) - 0.1 * (0.7 + 1.2) / 2)
+    with_bonus.backward()
+    assert entropy.grad is not None and entropy.grad.tolist() == [[pytest.approx(-0.05), pytest.approx(-0.05), 0.0]]
+    assert loss_fn.zero_advantage_has_gradient and not plain.zero_advantage_has_gradient
+    with pytest.raises(ValueError, match="no entropy was given"):
+        loss_fn(new, new, adv, mask, 2.0)
+    with pytest.raises(ValueError, match="loss.entropy_coef=-0.1: must be >= 0"):
+        GRPOLoss(entropy_coef=-0.1)
