@@ -44,6 +44,24 @@ class EvalPlan:
     extra: Mapping[str, Any] = field(default_factory=dict)  # run.sampling_extra: where held-out answers stop too
 
 
+def fit_held_out(
+    prompts: Sequence[tuple[int, ...]], tasks: Sequence[Task], limit: int, overlong: str,
+) -> tuple[list[tuple[int, ...]], list[Task]]:
+    """The held-out prompts that leave room for the evaluation's budget in the engine, by the rule training uses
+    (`run.overlong_prompts`): `skip` drops the others (one warning, naming a few), `truncate` cuts them from the left.
+    An engine refuses a prompt that does not fit: unchecked, one long task would end the run at its first evaluation."""
+    if overlong == "truncate":
+        return [p[-limit:] if len(p) > limit else p for p in prompts], list(tasks)
+    kept = [(p, t) for p, t in zip(prompts, tasks) if len(p) <= limit]
+    skipped = [f"{t.uid} ({len(p)} tokens)" for p, t in zip(prompts, tasks) if len(p) > limit]
+    if skipped:
+        shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
+        log.warning("%d of %d held-out task(s) left out of every evaluation, prompt longer than the %d tokens that fit "
+                    "the engine beside the evaluation's budget: %s (raise rollout.max_model_len, or "
+                    "run.overlong_prompts=truncate)", len(skipped), len(prompts), limit, shown)
+    return [p for p, _ in kept], [t for _, t in kept]
+
+
 def metric_problem(metric: str) -> str | None:
     """Why `metric` cannot name an evaluation metric, or None."""
     if metric in ("accuracy", "reward") or (metric.startswith("reward/") and len(metric) > len("reward/")):

@@ -22,6 +22,7 @@ from grpo_pipe.components import Components
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.data.rows import bad_rows_problem
 from grpo_pipe.episodes.transcripts import write_episode_page
+from grpo_pipe.evaluation import fit_held_out
 from grpo_pipe.halt import halt_point
 from grpo_pipe.held_out import HeldOutEvaluation
 from grpo_pipe.interfaces import HasSourceFiles, ProvidesRollouts, RolloutSource, TriesOnTasks
@@ -95,9 +96,11 @@ class GRPORecipe:
                 prompt_limit=self.engine.max_model_len - p.environment.completion_budget(settings.max_new_tokens),
                 overlong_prompts=settings.overlong_prompts, episodes=p.environment,
             )
-        eval_tasks = eval_tasks[: settings.eval_size]
+        eval_limit = self.engine.max_model_len - p.environment.completion_budget(settings.eval_max_new_tokens)
+        eval_prompts, eval_tasks = fit_held_out([render(t) for t in eval_tasks[: settings.eval_size]],
+                                                eval_tasks[: settings.eval_size], eval_limit, settings.overlong_prompts)
         self.held_out = HeldOutEvaluation(
-            prompts=[render(t) for t in eval_tasks], tasks=eval_tasks, reward=p.reward, plan=settings.eval_plan(),
+            prompts=eval_prompts, tasks=eval_tasks, reward=p.reward, plan=settings.eval_plan(),
             eval_every=settings.eval_every, patience=settings.early_stop_patience, checkpoints=p.checkpoint,
             export_best=self._export_policy, episodes=p.environment,
         )
