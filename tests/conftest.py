@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _pytest.nodeid import NodeId
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
@@ -57,6 +58,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(NO_GPU)
         if module.as_posix() in RAY_MODULES:
             item.add_marker(pytest.mark.xdist_group("ray"))
+    if getattr(config.option, "loadgroup", False):
+        _suffix_xdist_groups(items)
+
+
+def _suffix_xdist_groups(items: list[pytest.Item]) -> None:
+    """`--dist loadgroup` sends the tests of an `xdist_group` to one worker by the `@group` suffix of their node ids.
+    pytest-xdist 3.8 writes that suffix to `item._nodeid`, which pytest 9's structured node ids no longer read: without
+    this, every group is silently spread over both workers (two Ray clusters side by side, a shared server started
+    twice). An id that has its suffix already is left as it is."""
+    for item in items:
+        groups = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                         for mark in item.iter_markers("xdist_group")})
+        if groups and "@" not in item.nodeid.rsplit("]", 1)[-1]:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
 
 
 @pytest.fixture(scope="session", autouse=True)
