@@ -25,7 +25,7 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import REPO, TINY
 
-STEPS = 5
+STEPS = 4  # held at the start of steps 2 and 4: two steps train during an outage, one after it
 BASE = [o for o in TINY if not o.startswith(("trainer.steps", "run.eval_size"))] + [
     f"trainer.steps={STEPS}", "run.eval_size=2", "logger.system_metrics=false", "logger.retry_max_s=2",
 ]
@@ -84,16 +84,27 @@ class Server:
         self.proc = None
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[Server]:
-    folder = tmp_path / "server"
-    folder.mkdir()
-    found = Server(folder)
+# The module's tests share one server (a start takes ~20-35 s): on one worker, so it is started once.
+pytestmark = pytest.mark.xdist_group("mlflow_outage")
+
+
+@pytest.fixture(scope="module")
+def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    found = Server(tmp_path_factory.mktemp("server"))
     found.start()
     try:
         yield found
     finally:
         found.stop()
+
+
+@pytest.fixture
+def server(shared_server: Server) -> Server:
+    """The shared server, answering when the test begins; each test stops and starts it as its outage needs. Runs in
+    its one store are told apart by their output folder (or run id), never by being the only run there."""
+    if shared_server.proc is None:  # a test before this one ended while the server was away
+        shared_server.start()
+    return shared_server
 
 
 class Job:
