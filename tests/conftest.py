@@ -58,8 +58,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(NO_GPU)
         if module.as_posix() in RAY_MODULES:
             item.add_marker(pytest.mark.xdist_group("ray"))
+        elif _uses_a_fixture_of_its_module(item):
+            # A module-scoped fixture (a whole job, a server) is made once per worker: the tests that share it stay
+            # on one worker, so it runs once.
+            item.add_marker(pytest.mark.xdist_group(module.as_posix()))
     if getattr(config.option, "loadgroup", False):
         _suffix_xdist_groups(items)
+
+
+def _uses_a_fixture_of_its_module(item: pytest.Item) -> bool:
+    """Whether `item` uses a module-scoped fixture defined in its own module (not already in an explicit group)."""
+    module = item.getparent(pytest.Module)
+    if module is None or any(item.iter_markers("xdist_group")):
+        return False
+    definitions = item._fixtureinfo.name2fixturedefs.values()
+    return any(d.scope == "module" and d.baseid == module.nodeid for defs in definitions for d in defs)
 
 
 def _suffix_xdist_groups(items: list[pytest.Item]) -> None:

@@ -84,12 +84,9 @@ class Server:
         self.proc = None
 
 
-# The module's tests share one server (a start takes ~20-35 s): on one worker, so it is started once.
-pytestmark = pytest.mark.xdist_group("mlflow_outage")
-
-
 @pytest.fixture(scope="module")
 def shared_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One server for the module's tests (a start takes ~20-35 s); tests/conftest.py keeps them on one worker."""
     found = Server(tmp_path_factory.mktemp("server"))
     found.start()
     try:
