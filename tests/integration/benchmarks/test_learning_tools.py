@@ -19,7 +19,7 @@ def test_a_tool_job_beside_trl_grades_the_episodes_of_both(tmp_path: Path) -> No
     out = tmp_path / "learning.json"
     reward = ["reward=python", f"reward.fn={REPO}/tests/fixtures/length_reward.py:by_length", "reward.success_at=0.5"]
     tools = ["environment=tools", "environment.max_turns=2", "environment.max_episode_tokens=48"]
-    command = [sys.executable, "-m", "grpo_pipe.benchmarks.learning", "--minutes", "0.2", "--mark-every", "0.1",
+    command = [sys.executable, "-m", "grpo_pipe.benchmarks.learning", "--minutes", "0.1", "--mark-every", "0.05",
                "--peer", "trl", "--grade-size", "4", "--sampled-k", "2", "--json", str(out), *TINY, *reward, *tools,
                "trainer.steps=1000"]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=900,
