@@ -1,5 +1,5 @@
 """sweeps/reward_weights.yaml really runs: one parent, a child per setting, every reward term side by side;
-sweeps/optuna_reward_weights.yaml really searches: four trials, the best one named on the parent."""
+sweeps/optuna_reward_weights.yaml really searches: three trials, the best one named on the parent."""
 
 import json
 import os
@@ -59,12 +59,12 @@ def test_reward_weights_gives_a_child_per_setting_with_each_term(tmp_path: Path)
     assert "reward_terms.png" in files  # each term per setting
 
 
-def test_optuna_sweep_runs_four_trials_and_names_the_best_on_the_parent(tmp_path: Path) -> None:
+def test_optuna_sweep_runs_three_trials_and_names_the_best_on_the_parent(tmp_path: Path) -> None:
     """Optuna's own best trial and the parent's best child are the same run and value."""
     store = f"sqlite:///{tmp_path}/mlflow.db"
     # Without speculation the engine may live in this process (the grid sweep's reason for a process of its own).
     cheap = ["trainer.steps=1", "run.eval_size=2", "rollout.speculative_config=null", "rollout.in_process=true",
-             "weight_bridge=reload", "hydra.sweeper.n_trials=4", "run.objective=eval/reward/mean"]
+             "weight_bridge=reload", "hydra.sweeper.n_trials=3", "run.objective=eval/reward/mean"]
     proc = subprocess.run(
         [sys.executable, "-m", "grpo_pipe", "+sweeps=optuna_reward_weights", *TINY, *cheap,
          f"logger.tracking_uri={store}", f"logger.artifact_location={tmp_path}/artifacts", f"hydra.sweep.dir={tmp_path}/sweep"],
@@ -75,12 +75,12 @@ def test_optuna_sweep_runs_four_trials_and_names_the_best_on_the_parent(tmp_path
     runs = client.search_runs([client.get_experiment_by_name("grpo_pipe").experiment_id])
     parent = next(r for r in runs if r.data.tags.get("grpo_pipe.role") == "parent")
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
-    assert len(children) == 4 and all(c.info.status == "FINISHED" for c in children)
+    assert len(children) == 3 and all(c.info.status == "FINISHED" for c in children)
     finals = {c.info.run_id: c.data.metrics["eval/reward/mean"] for c in children}
     parent = client.get_run(parent.info.run_id)
     assert parent.data.metrics["best/eval/reward/mean"] == max(finals.values())
     assert finals[parent.data.tags["grpo_pipe.best_run_id"]] == max(finals.values())
-    assert len(parent.data.params["reward.spec_accept_weight"].split(",")) == 4  # four sampled values
+    assert len(parent.data.params["reward.spec_accept_weight"].split(",")) == 3  # three sampled values
     (tmp_path / "dl").mkdir()
     optuna_best = (tmp_path / "sweep" / "optimization_results.yaml").read_text()
     assert f"best_value: {max(finals.values())}" in optuna_best  # what main returned is what was logged
@@ -88,4 +88,4 @@ def test_optuna_sweep_runs_four_trials_and_names_the_best_on_the_parent(tmp_path
     assert Path(local).read_text() == optuna_best
     table = json.loads(Path(client.download_artifacts(parent.info.run_id, "comparison/comparison.json",
                                                       str(tmp_path / "dl"))).read_text())
-    assert len(table["data"]) == 4
+    assert len(table["data"]) == 3
