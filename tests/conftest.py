@@ -17,11 +17,15 @@ from pathlib import Path
 
 import pytest
 import torch
-from _pytest.nodeid import NodeId
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from grpo_pipe.config.sources import CONF_DIR, SWEEPS_DIR
+
+try:  # pytest 9's structured node ids; an older pytest reads the @group suffix xdist writes without help
+    from _pytest.nodeid import NodeId
+except ImportError:
+    NodeId = None
 
 REPO = Path(__file__).resolve().parents[1]
 # The shipped configs, where the package finds them (the repository root in a checkout); importing them also puts
@@ -80,6 +84,8 @@ def _suffix_xdist_groups(items: list[pytest.Item]) -> None:
     pytest-xdist 3.8 writes that suffix to `item._nodeid`, which pytest 9's structured node ids no longer read: without
     this, every group is silently spread over both workers (two Ray clusters side by side, a shared server started
     twice). An id that has its suffix already is left as it is."""
+    if NodeId is None:
+        return
     for item in items:
         groups = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
                          for mark in item.iter_markers("xdist_group")})

@@ -41,7 +41,11 @@ How this departs from the GRPO paper (Shao et al., 2024):
 8. An entropy bonus (`entropy_coef`, verl's `entropy_coeff`; off by default): each model token's loss less
    entropy_coef x the policy's entropy at its position, aggregated as the surrogate. It is the one term that still
    has a gradient when every group's rewards are equal, so a policy whose samples have become identical is pushed
-   to spread again instead of staying on a plateau that no advantage can leave.
+   to spread again instead of staying on a plateau that no advantage can leave. `entropy_floor` applies it only to
+   completions whose mean entropy per token is below the floor: measured on the calculator task, a bonus on every
+   completion raised the entropy at the start, where sparse rewards give no advantage and Adam scales the bonus's
+   gradient alone to full steps, until the model wrote noise; a floor leaves a spread policy alone and lifts a
+   collapsed one only up to the floor.
 """
 
 from __future__ import annotations
@@ -99,6 +103,7 @@ class GRPOLoss:
         objective: Objective = "clipped",
         cispo_max: float = 5.0,
         entropy_coef: float = 0.0,
+        entropy_floor: float | None = None,
     ) -> None:
         checks = [
             (clip_low >= 0 and clip_high >= 0, f"loss.clip_low={clip_low}, loss.clip_high={clip_high}: must be >= 0"),
@@ -115,6 +120,8 @@ class GRPOLoss:
              f"loss.objective={objective}: allowed: clipped (PPO's clipped surrogate), cispo (clipped IS weights)"),
             (cispo_max > 0, f"loss.cispo_max={cispo_max}: must be > 0"),
             (entropy_coef >= 0, f"loss.entropy_coef={entropy_coef}: must be >= 0 (0: no entropy bonus)"),
+            (entropy_floor is None or entropy_floor > 0,
+             f"loss.entropy_floor={entropy_floor}: must be > 0 (nats per token), or null for a bonus on every completion"),
             (ratio_reference == "policy" or is_cap is None,
              f"loss.is_cap={is_cap} with loss.ratio_reference=sampler: the sampler is already the ratio's reference; "
              "set loss.is_cap=null, or loss.ratio_reference=policy"),
@@ -135,6 +142,7 @@ class GRPOLoss:
         self.objective = objective
         self.cispo_max = cispo_max  # CISPO's upper bound on a token's (detached) ratio weight: ScaleRL's eps_max
         self.entropy_coef = entropy_coef
+        self.entropy_floor = entropy_floor  # the bonus reaches only completions whose mean entropy is below it
 
     @property
     def needs_reference(self) -> bool:
@@ -208,13 +216,21 @@ class GRPOLoss:
         if self.entropy_coef > 0:
             if entropy is None:
                 raise ValueError("loss.entropy_coef > 0 but no entropy was given")
-            per_token = per_token - self.entropy_coef * entropy
+            per_token = per_token - self.entropy_coef * entropy * self._below_floor(entropy, mask)
         summed = per_token * mask  # [B, T]
         if self.aggregation == "sequence_mean":
             loss = (summed.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).sum() / normaliser
         else:  # constant and token_mean differ only in the normaliser
             loss = summed.sum() / normaliser
         return loss, self._stats(unclipped, clipped, ratio, weight, kl, adv, mask)
+
+    def _below_floor(self, entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[B, 1]: 1 for a completion the entropy bonus reaches (its mean entropy per token under the floor), else 0.
+        Decided per completion, so the loss of a batch is still the sum of its micro-batches' losses."""
+        if self.entropy_floor is None:
+            return torch.ones_like(entropy[:, :1])
+        mean = (entropy.detach() * mask).sum(dim=1, keepdim=True) / mask.sum(dim=1, keepdim=True).clamp(min=1.0)
+        return (mean < self.entropy_floor).to(entropy.dtype)  # [B, 1]
 
     def _stats(self, unclipped: torch.Tensor, clipped: torch.Tensor, ratio: torch.Tensor, weight: torch.Tensor,
                kl: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor) -> LossStats:

@@ -315,3 +315,16 @@ def test_entropy_bonus_by_hand_lowers_each_tokens_loss_by_coef_times_its_entropy
         loss_fn(new, new, adv, mask, 2.0)
     with pytest.raises(ValueError, match="loss.entropy_coef=-0.1: must be >= 0"):
         GRPOLoss(entropy_coef=-0.1)
+
+
+def test_entropy_floor_gives_the_bonus_only_to_completions_below_it() -> None:
+    new = torch.zeros(2, 2)
+    entropy = torch.tensor([[0.1, 0.2], [0.9, 1.5]], requires_grad=True)  # means 0.15 (collapsed) and 1.2 (spread)
+    mask = torch.ones(2, 2)
+    loss_fn = GRPOLoss(aggregation="token_mean", entropy_coef=0.5, entropy_floor=0.3)
+    loss, _ = loss_fn(new, new, torch.zeros(2), mask, 4.0, entropy=entropy)
+    assert float(loss) == pytest.approx(-0.5 * (0.1 + 0.2) / 4)
+    loss.backward()
+    assert entropy.grad is not None and entropy.grad.tolist() == [[-0.125, -0.125], [0.0, 0.0]]
+    with pytest.raises(ValueError, match="loss.entropy_floor=0.0: must be > 0"):
+        GRPOLoss(entropy_floor=0.0)
