@@ -54,7 +54,7 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
     else:
         parts.checkpoint.attach(job.output_dir)
     tracker.start(
-        parts.run.name or job.run_name,
+        run_name(parts.run.name, job),
         tags={"grpo_pipe.output_dir": str(job.output_dir), **job.tags},
         sweep_dir=job.sweep_dir,
         resume_run_id=resume_from.loop_state()["mlflow_run_id"] if resume_from is not None else None,
@@ -80,6 +80,14 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
         raise
     finally:
         _finish(tracker, recipe, status, stop)
+
+
+def run_name(name: str | None, job: JobContext) -> str:
+    """The MLflow run's name: `run.name` where the user set one; in a sweep, followed by what this job varies, so
+    children of an experiment that names its runs (`experiment=calculator`) are still told apart."""
+    if not name:
+        return job.run_name
+    return f"{name}: {job.run_name}" if job.sweep_dir else name
 
 
 def _finish(tracker: Tracker, recipe: GRPORecipe, status: str, stop: StopRequest) -> None:

@@ -101,7 +101,8 @@ def scored_completion(text: str, episode: EpisodeLog | None = None) -> Completio
 
 def peer_settings(cfg: DictConfig, episodes: EpisodeRunner) -> Any:
     """Our job's hyper-parameters in TRL's terms; with tools, an episode's token budget is TRL's completion length,
-    `run.max_new_tokens` caps each turn and TRL's tool rounds are our turns less the first."""
+    `run.max_new_tokens` caps each turn and TRL's tool rounds are our turns less the first. TRL has no entropy bonus:
+    the peer runs without `loss.entropy_coef`, as a TRL user would."""
     from grpo_pipe.benchmarks.trl_peer import PeerSettings
 
     micro = cfg.trainer.micro_batch_size or (16 if torch.cuda.is_available() else 8)

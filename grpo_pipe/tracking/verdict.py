@@ -53,7 +53,8 @@ def points_of(children: Sequence[ChildResult], swept: Sequence[str]) -> list[Poi
     keys = [k for k in swept if k != SEED_KEY]
     grouped: dict[str, list[float]] = {}
     for child in children:
-        label = ", ".join(f"{k}={child.overrides[k]}" for k in keys if k in child.overrides) or "all runs"
+        # A space inside a setting and "; " between settings: a comma alone could not tell where one ends.
+        label = " ".join(f"{k}={child.overrides[k]}" for k in keys if k in child.overrides) or "all runs"
         value = child.last.get(child.objective)
         values = grouped.setdefault(label, [])
         if value is not None and math.isfinite(value):
@@ -81,7 +82,7 @@ def _answer(points: Sequence[Point], objective: str) -> str:
     gap = abs(leader.mean - runner_up.mean)
     tied = [p for p in points if p.mean == leader.mean]
     if len(tied) > 1:
-        return f"Tie on {objective}: {', '.join(p.label for p in tied)} all at {leader.mean:.4g}."
+        return f"Tie on {objective} at {leader.mean:.4g}: {'; '.join(p.label for p in tied)}."
     spreads = [p.spread for p in (leader, runner_up)]
     if any(s is None for s in spreads):
         return (f"{leader.label} leads on {objective} by {gap:.3g} over {runner_up.label} "

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from grpo_pipe.pipeline import _finish
+from grpo_pipe.pipeline import JobContext, _finish, run_name
 from grpo_pipe.recipe import GRPORecipe
 from grpo_pipe.stopping import StopRequest
 
@@ -51,3 +52,11 @@ def test_the_engine_is_released_even_when_recording_the_outcome_fails() -> None:
     with pytest.raises(OSError, match="read-only"):
         ending.finish("FAILED")
     assert ending.calls == [("close", "FAILED", None), ("cleanup",)]
+
+
+def test_a_named_experiments_sweep_children_keep_what_differs_in_their_names() -> None:
+    child = JobContext(Path("out/0"), "weight_bridge=ipc,rollout_scheduler.max_staleness=1", sweep_dir="out")
+    single = JobContext(Path("out"), "trainer.lr=1e-5")
+    assert run_name("calculator", child) == "calculator: weight_bridge=ipc,rollout_scheduler.max_staleness=1"
+    assert run_name(None, child) == "weight_bridge=ipc,rollout_scheduler.max_staleness=1"
+    assert run_name("calculator", single) == "calculator" and run_name("", single) == "trainer.lr=1e-5"

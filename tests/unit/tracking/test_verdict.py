@@ -42,7 +42,7 @@ def test_with_one_seed_per_point_the_margin_is_unknown() -> None:
 
 def test_equal_scores_are_a_tie_and_minimize_picks_the_lowest() -> None:
     tie = verdict([child("reload", None, 0.0), child("nccl", None, 0.0)], ["weight_bridge"])
-    assert tie is not None and tie.text == "Tie on eval/accuracy: weight_bridge=reload, weight_bridge=nccl all at 0."
+    assert tie is not None and tie.text == "Tie on eval/accuracy at 0: weight_bridge=reload; weight_bridge=nccl."
     low = verdict([child("reload", None, 2.0, "minimize"), child("nccl", None, 1.0, "minimize")], ["weight_bridge"])
     assert low is not None and low.points[0].label == "weight_bridge=nccl"
 
