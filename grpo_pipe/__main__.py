@@ -119,6 +119,7 @@ def run_job(cfg: DictConfig) -> float:
     from grpo_pipe.checkpointing import CheckpointWriteError
     from grpo_pipe.pipeline import run
     from grpo_pipe.rewards.python_fn import RewardFunctionError
+    from grpo_pipe.rollout.scheduler import NoTaskFits
 
     try:
         job = job_context()
@@ -129,7 +130,7 @@ def run_job(cfg: DictConfig) -> float:
         report_config_error(err)
         _forget_unstarted_job(Path(HydraConfig.get().runtime.output_dir))
         sys.exit(2)
-    except CheckpointWriteError as err:  # disk full, ...: the message says what, where, and how to continue
+    except (CheckpointWriteError, NoTaskFits) as err:  # disk full; no prompt fits the engine: the message says the fix
         log.error("Stopped: %s", err)
         sys.exit(1)
     except RewardFunctionError as err:  # the user's code: one paragraph here, the traceback in the log file
