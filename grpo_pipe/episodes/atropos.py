@@ -7,9 +7,12 @@ the token, the tokenizer and the API), registers as the trainer, and each step p
   are the engine's, a foreign or malformed group is refused and counted (`ledger.dropped["refused"]`);
 - a group sampled by a policy more than `rollout_scheduler.max_staleness` versions behind is dropped and counted;
 - the scores are the environments' own: train on them with `reward=environment`.
-The environments sample while the trainer waits for its batch; while it trains, syncs and evaluates, their requests
-queue at the endpoint (the engine has one user at a time). Held-out evaluation runs the data's held-out tasks as
-single turns, as `environment=single_turn` does.
+With `rollout_scheduler.max_staleness=0` the environments sample only while the trainer waits for its batch; while it
+trains, syncs and evaluates, their requests queue at the endpoint. With `max_staleness >= 1` and an engine that
+generates on a thread of its own (`rollout.background`, the default then), the endpoint stays open: the environments
+sample while the trainer trains, every engine call and weight sync goes through that one thread (a sync lands between
+engine steps, each token keeping the version that sampled it), and what comes back too old is dropped and counted.
+Held-out evaluation runs the data's held-out tasks as single turns, as `environment=single_turn` does.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 from grpo_pipe.episodes.atropos_api import AtroposApi, AtroposServer, EnvironmentProcesses, Registration
 from grpo_pipe.episodes.scored_groups import Limits, RefusedGroup, ScoredGroup, read_scored_group
 from grpo_pipe.episodes.single_turn import SingleTurn
-from grpo_pipe.interfaces import PendingRollout, RolloutEngine
+from grpo_pipe.interfaces import GeneratesInBackground, PendingRollout, RolloutEngine
 from grpo_pipe.serving.endpoint import EngineEndpoint
 from grpo_pipe.serving.openai_api import ServedModel
 from grpo_pipe.types import Completion, GeneratedBatch, Ledger, SamplingSettings, TakenBatch, Task
@@ -107,9 +110,12 @@ class AtroposEnvironment:
         processes = EnvironmentProcesses(self.environments, self._connection(endpoint, url), log_dir,
                                          self.max_restarts, env={"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
         self._closers.append(processes.stop)
+        # The engine may serve the environments while the trainer trains only where its calls are serialised on its
+        # own thread (the batcher's, held-out evaluation's, weight syncs') and a group may be a version behind.
+        overlap = max_staleness >= 1 and isinstance(engine, GeneratesInBackground) and bool(engine.background)
         source = AtroposSource(api, endpoint, processes, Limits(len(self._tokenizer), engine.max_model_len,
                                                                  sampling.temperature), max_staleness,
-                               self.batch_timeout_s)
+                               self.batch_timeout_s, overlap=overlap)
         source.open_intake()
         processes.start()
         return source
@@ -142,11 +148,12 @@ class AtroposSource:
     """The recipe's `RolloutSource` for Atropos: each `take` is one batch pulled from the API server."""
 
     def __init__(self, api: AtroposApi, endpoint: EngineEndpoint, processes: EnvironmentProcesses, limits: Limits,
-                 max_staleness: int, timeout_s: float) -> None:
+                 max_staleness: int, timeout_s: float, overlap: bool = False) -> None:
         self.api, self.endpoint, self.processes, self.limits = api, endpoint, processes, limits
         self.max_staleness = max_staleness
         self.stale_policy = "drop"  # the environments sample on their own: what is too old can only be dropped
         self.timeout_s = timeout_s
+        self.overlap = overlap  # the endpoint stays open while the trainer trains (see the module docstring)
         self.ledger = Ledger()
         self.generation_intervals: list[tuple[float, float]] = []
         self.guard: Callable[[], Any] = nullcontext
@@ -166,7 +173,8 @@ class AtroposSource:
             with self.guard():
                 batch = self._next_batch()
         finally:
-            self.endpoint.pause()  # ... and not while the trainer trains, syncs or evaluates
+            if not self.overlap:
+                self.endpoint.pause()  # ... and, without overlap, not while the trainer trains, syncs or evaluates
         ended = time.time()
         self.generation_intervals.append((started, ended))
         lagging = [(s, trainer_version - _oldest(s)) for s in self._read(batch)]  # versions behind the trainer

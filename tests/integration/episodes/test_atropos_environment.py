@@ -85,14 +85,17 @@ def test_an_atropos_environment_feeds_the_trainer_the_engines_own_tokens(endpoin
             assert completion.policy_version == 2 and all(completion.loss_mask)
 
 
-def test_a_run_trains_on_an_atropos_environments_groups(compose_cfg, tmp_path: Path) -> None:
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_a_run_trains_on_an_atropos_environments_groups(compose_cfg, tmp_path: Path, max_staleness: int) -> None:
     """`environment=atropos` end to end: the run starts the endpoint, run-api and the environment process, trains two
     steps on the groups it posts (every trained token one the engine served, or the group is refused), and leaves
-    no process behind."""
+    no process behind. With max_staleness=1 the endpoint stays open while the trainer trains: the environments'
+    engine calls, held-out evaluation and the weight syncs share the engine's own thread."""
     from grpo_pipe.pipeline import JobContext, run
 
     cfg = compose_cfg(["environment=atropos", "reward=environment", f"environment.environments=[[{ENVIRONMENT},serve]]",
-                       "environment.report_every_s=5", "run.eval_size=2"])
+                       "environment.report_every_s=5", "run.eval_size=2",
+                       f"rollout_scheduler.max_staleness={max_staleness}"])
     result = run(cfg, JobContext(output_dir=tmp_path / "run", run_name="atropos"))
     # Two batches of 4 groups of 4; groups the API queued before a sync are too stale for the next step and dropped.
     assert len(result.rewards) == 2 and result.ledger.trained >= 2

@@ -65,3 +65,17 @@ def test_each_take_keeps_fresh_groups_drops_stale_ones_and_refuses_foreign_ones(
     assert endpoint.events == ["resume", "pause"] and processes.checks == 1  # the engine was theirs while it waited
     assert taken.groups[0].completions[0].episode is not None  # their scores, for reward=environment
     assert taken.groups[0].completions[0].episode.environment_reward == 1.0
+
+
+def test_with_overlap_the_endpoint_stays_open_while_the_trainer_trains() -> None:
+    """max_staleness >= 1 with an engine that serialises its calls on its own thread: after a take the environments go
+    on sampling (no pause), so the next batch is being made while the trainer trains on this one."""
+    served = ServedLog()
+    for token in (10, 11, 20, 21):
+        served.record((1, 2), Completion((token,), (-0.5,), "", "stop", 0, RequestTelemetry(2, 1, 0)), 1.0)
+    endpoint = Endpoint(served)
+    source = AtroposSource(Api([[_group(10)], [_group(20)]]), endpoint, Processes(),  # type: ignore[arg-type]
+                           Limits(100, 16, temperature=1.0), max_staleness=1, timeout_s=60, overlap=True)
+    first, second = source.take(trainer_version=0), source.take(trainer_version=1)
+    assert endpoint.events == ["resume", "resume"]  # never paused
+    assert (first.staleness, second.staleness) == ([0], [1])  # a group a version behind is kept, as max_staleness says
