@@ -229,15 +229,17 @@ class GRPOTrainer:
         advantages = self.loss.advantages(reward_t, group_ids)  # [N]
         samples = flatten(groups, advantages.tolist())
         counted = [s for s in samples if not (self.loss.mask_truncated and s.truncated)]
-        # A zero advantage adds exactly nothing to the surrogate, so its forward/backward is skipped; it
-        # still counts in the normaliser. The KL term and the entropy bonus are not zero for it, so then everything runs.
-        skip = self.skip_zero_advantage and not self.loss.zero_advantage_has_gradient
+        # A zero advantage adds exactly nothing to the surrogate, so its forward/backward is skipped; it still counts
+        # in the normaliser. The KL term and the entropy bonus are not zero for it, and bnpo counts its tokens in its
+        # micro-batch's normaliser: then everything runs.
+        skip = self.skip_zero_advantage and not self.loss.needs_every_sample
         active = [s for s in counted if s.advantage != 0.0 or not skip]
-        normaliser = self.loss.normaliser([s.trained_tokens for s in counted])  # environment tokens: none
         # Similar lengths share a micro-batch, so padding stays small.
         ordered = sorted(active, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
-        return BatchPlan(ordered, normaliser, len(samples), len(samples) - len(counted), advantages,
-                         cuts=micro_batches(len(ordered), self.micro_batch_size))
+        cuts = micro_batches(len(ordered), self.micro_batch_size)
+        # environment tokens are in no normaliser
+        normaliser = self.loss.normaliser([s.trained_tokens for s in counted], micro_batches=len(cuts))
+        return BatchPlan(ordered, normaliser, len(samples), len(samples) - len(counted), advantages, cuts=cuts)
 
     def _accumulate(self, plan: BatchPlan, temperature: float, cache: PassCache) -> dict[str, float]:
         """One pass over the plan's micro-batches. `cache` keeps, per micro-batch, what the first pass saw."""

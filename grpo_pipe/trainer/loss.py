@@ -38,7 +38,12 @@ How this departs from the GRPO paper (Shao et al., 2024):
    - `objective: cispo` (MiniMax-M1 2025; TRL's `loss_type="cispo"`): no clipped surrogate; each token's loss is
      -min(ratio, cispo_max) x advantage x log pi, the ratio detached, so every token keeps a gradient (the clip
      bounds its weight, never removes it); `loss=cispo` averages over the batch's tokens, as TRL does.
-8. An entropy bonus (`entropy_coef`, verl's `entropy_coeff`; off by default): each model token's loss less
+8. `aggregation: micro_batch_token_mean` (TRL's `loss_type="bnpo"`): each micro-batch's summed token losses over its
+   own model tokens, averaged over the step's micro-batches. Unlike every other aggregation, the step's loss then
+   depends on how completions are grouped into micro-batches (here by length; in TRL by generation order), so its
+   scale moves with `trainer.micro_batch_size`; `loss=dapo` is the batch-wide token mean. Offered for TRL users who
+   reproduce a bnpo run; zero-advantage completions then run too (their tokens count in their micro-batch).
+9. An entropy bonus (`entropy_coef`, verl's `entropy_coeff`; off by default): each model token's loss less
    entropy_coef x the policy's entropy at its position, aggregated as the surrogate. It is the one term that still
    has a gradient when every group's rewards are equal, so a policy whose samples have become identical is pushed
    to spread again instead of staying on a plateau that no advantage can leave. `entropy_floor` applies it only to
@@ -58,7 +63,7 @@ import torch
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.types import LossStats
 
-Aggregation = Literal["sequence_mean", "constant", "token_mean"]
+Aggregation = Literal["sequence_mean", "constant", "token_mean", "micro_batch_token_mean"]
 RatioReference = Literal["policy", "sampler"]
 RatioLevel = Literal["token", "sequence"]
 Objective = Literal["clipped", "cispo"]
@@ -149,17 +154,21 @@ class GRPOLoss:
         return self.kl_coef > 0
 
     @property
-    def zero_advantage_has_gradient(self) -> bool:
-        """Whether a completion whose advantage is 0 still adds a gradient (the KL term, the entropy bonus)."""
-        return self.kl_coef > 0 or self.entropy_coef > 0
+    def needs_every_sample(self) -> bool:
+        """Whether a completion whose advantage is 0 must still run: it adds a gradient (the KL term, the entropy
+        bonus), or its tokens count in its micro-batch's normaliser (bnpo)."""
+        return self.kl_coef > 0 or self.entropy_coef > 0 or self.aggregation == "micro_batch_token_mean"
 
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         """[N] rewards, [N] group ids -> [N] advantages."""
         return group_advantages(rewards, group_ids, self.normalize_std)
 
-    def normaliser(self, lengths: Sequence[int]) -> float:
+    def normaliser(self, lengths: Sequence[int], micro_batches: int = 1) -> float:
         """What the whole batch's summed loss is divided by. `lengths`: completion lengths of every
-        completion that gets a loss (skipped zero-advantage ones included: they add zero, not nothing)."""
+        completion that gets a loss (skipped zero-advantage ones included: they add zero, not nothing);
+        `micro_batches`: how many the step's are (bnpo averages over them, each over its own tokens)."""
+        if self.aggregation == "micro_batch_token_mean":
+            return float(max(micro_batches, 1))
         if self.aggregation == "sequence_mean":
             return float(max(len(lengths), 1))
         if self.aggregation == "constant":
@@ -220,6 +229,8 @@ class GRPOLoss:
         summed = per_token * mask  # [B, T]
         if self.aggregation == "sequence_mean":
             loss = (summed.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).sum() / normaliser
+        elif self.aggregation == "micro_batch_token_mean":  # bnpo: this micro-batch's tokens, then over micro-batches
+            loss = summed.sum() / mask.sum().clamp(min=1.0) / normaliser
         else:  # constant and token_mean differ only in the normaliser
             loss = summed.sum() / normaliser
         return loss, self._stats(unclipped, clipped, ratio, weight, kl, adv, mask)

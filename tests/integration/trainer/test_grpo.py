@@ -245,3 +245,14 @@ def test_entropy_bonus_spreads_a_batch_whose_rewards_are_all_equal() -> None:
     assert first["train/active_samples"] == 12.0 and first["train/update_applied"] == 1.0
     assert second["train/entropy"] > first["train/entropy"]  # measured before each update: the first one spread it
     assert first["train/loss"] == pytest.approx(-first["train/entropy"], rel=1e-5)  # no advantage: the bonus alone
+
+
+def test_bnpo_runs_every_sample_and_divides_by_the_steps_micro_batches() -> None:
+    path = TinyRandomModel().materialize()
+    groups, rewards = scored_groups()
+    trainer = GRPOTrainer(FullFinetunePolicy(), loss=GRPOLoss(aggregation="micro_batch_token_mean"), micro_batch_size=5)
+    trainer.setup(path, torch.device("cpu"), pad_id=0)
+    plan = trainer.plan(groups, rewards)
+    assert len(plan.active) == 12  # zero-advantage completions too: their tokens count in their micro-batch
+    assert [len(c) for c in plan.cuts] == [4, 4, 4] and plan.normaliser == 3.0
+    assert trainer.step(groups, rewards, temperature=1.0)["train/update_applied"] == 1.0

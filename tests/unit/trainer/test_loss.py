@@ -162,6 +162,7 @@ def test_conf_presets_are_the_variants_tested_here(compose_cfg) -> None:
             assert cfg.loss[key] == value, (name, key)
     gspo = compose_cfg(["loss=gspo"]).loss
     assert (gspo.clip_low, gspo.clip_high) == (3e-4, 4e-4)  # the GSPO paper's (and TRL's documented) range
+    assert compose_cfg(["loss=bnpo"]).loss.aggregation == "micro_batch_token_mean"  # its own test: micro-batches
 
 
 def test_gspo_clips_a_completion_as_a_whole() -> None:
@@ -310,7 +311,7 @@ def test_entropy_bonus_by_hand_lowers_each_tokens_loss_by_coef_times_its_entropy
     assert float(with_bonus) == pytest.approx(float(without) - 0.1 * (0.7 + 1.2) / 2)
     with_bonus.backward()
     assert entropy.grad is not None and entropy.grad.tolist() == [[pytest.approx(-0.05), pytest.approx(-0.05), 0.0]]
-    assert loss_fn.zero_advantage_has_gradient and not plain.zero_advantage_has_gradient
+    assert loss_fn.needs_every_sample and not plain.needs_every_sample
     with pytest.raises(ValueError, match="no entropy was given"):
         loss_fn(new, new, adv, mask, 2.0)
     with pytest.raises(ValueError, match="loss.entropy_coef=-0.1: must be >= 0"):
@@ -328,3 +329,15 @@ def test_entropy_floor_gives_the_bonus_only_to_completions_below_it() -> None:
     assert entropy.grad is not None and entropy.grad.tolist() == [[-0.125, -0.125], [0.0, 0.0]]
     with pytest.raises(ValueError, match="loss.entropy_floor=0.0: must be > 0"):
         GRPOLoss(entropy_floor=0.0)
+
+
+def test_bnpo_averages_each_micro_batchs_token_mean_over_the_steps_micro_batches() -> None:
+    """TRL's loss_type="bnpo": (sum of a micro-batch's token losses / its tokens) / gradient-accumulation steps."""
+    loss_fn = GRPOLoss(aggregation="micro_batch_token_mean", is_cap=None)
+    norm = loss_fn.normaliser([2, 1, 3], micro_batches=2)
+    assert norm == 2.0 and loss_fn.needs_every_sample  # zero-advantage tokens count in their micro-batch
+    zeros = torch.zeros(2, 2)
+    first = loss_fn(zeros, zeros, torch.tensor([1.0, -1.0]), torch.tensor([[1.0, 1.0], [1.0, 0.0]]), norm)[0]
+    second = loss_fn(torch.zeros(1, 3), torch.zeros(1, 3), torch.tensor([2.0]), torch.ones(1, 3), norm)[0]
+    # micro-batch 1: token losses -1, -1, +1 over 3 tokens; micro-batch 2: -2 x 3 over 3 tokens; mean of the two
+    assert float(first) + float(second) == pytest.approx(((-1 - 1 + 1) / 3 + (-2 * 3) / 3) / 2)
