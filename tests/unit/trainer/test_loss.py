@@ -341,3 +341,25 @@ def test_bnpo_averages_each_micro_batchs_token_mean_over_the_steps_micro_batches
     second = loss_fn(torch.zeros(1, 3), torch.zeros(1, 3), torch.tensor([2.0]), torch.ones(1, 3), norm)[0]
     # micro-batch 1: token losses -1, -1, +1 over 3 tokens; micro-batch 2: -2 x 3 over 3 tokens; mean of the two
     assert float(first) + float(second) == pytest.approx(((-1 - 1 + 1) / 3 + (-2 * 3) / 3) / 2)
+
+
+@pytest.mark.parametrize("reference", sorted(RATIO_REFERENCES))
+def test_bnpo_matches_the_reference_micro_batch_by_micro_batch(reference: str) -> None:
+    """The reference: each micro-batch's plain-Python token mean (`ref_loss`), then their mean, as TRL computes bnpo."""
+    ratio_reference, is_cap = RATIO_REFERENCES[reference]
+    loss_fn = GRPOLoss(aggregation="micro_batch_token_mean", ratio_reference=ratio_reference, is_cap=is_cap, kl_coef=0.05)
+    for seed in range(3):
+        new, old, ref, adv, mask, lengths, _ = _batch(seed)
+        proximal = new + torch.randn(new.shape, generator=torch.Generator().manual_seed(seed), dtype=new.dtype) * 0.2
+        parts = [range(0, 2), range(2, 4), range(4, 5)]
+        norm = loss_fn.normaliser(lengths, micro_batches=len(parts))
+        got = sum(float(loss_fn(new[p.start:p.stop], old[p.start:p.stop], adv[p.start:p.stop], mask[p.start:p.stop], norm,
+                                ref_logprobs=ref[p.start:p.stop], proximal_logprobs=proximal[p.start:p.stop])[0])
+                  for p in parts)
+        want = statistics.fmean(
+            ref_loss(new[p.start:p.stop].tolist(), old[p.start:p.stop].tolist(), adv[p.start:p.stop].tolist(),
+                     lengths[p.start:p.stop], aggregation="token_mean", clip_low=0.2, clip_high=0.28, kl_coef=0.05,
+                     ref=ref[p.start:p.stop].tolist(),
+                     proximal=None if ratio_reference == "sampler" else proximal[p.start:p.stop].tolist(), is_cap=is_cap)
+            for p in parts)
+        assert got == pytest.approx(want, rel=1e-12, abs=1e-12)
