@@ -25,7 +25,7 @@ from grpo_pipe.episodes.transcripts import write_episode_page
 from grpo_pipe.evaluation import fit_held_out
 from grpo_pipe.halt import halt_point
 from grpo_pipe.held_out import HeldOutEvaluation
-from grpo_pipe.interfaces import HasSourceFiles, ProvidesRollouts, RolloutSource, TriesOnTasks
+from grpo_pipe.interfaces import HasSourceFiles, ProvidesRollouts, ReportsEvaluations, RolloutSource, TriesOnTasks
 from grpo_pipe.models.custom_code import loader_options
 from grpo_pipe.progress import StepProgress, format_metrics
 from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
@@ -161,7 +161,17 @@ class GRPORecipe:
         rec.synced(self._sync_if_due())                                     # 6. new weights to the engine
         with rec.phase("schedule"):
             self._schedule_rollouts(steps_done=step)                        # 7. the engine's next work, now
+        rec.add(self._environment_evaluations())
         return rec.end(step, p.trainer.version, self.engine_restarts)
+
+    def _environment_evaluations(self) -> dict[str, float]:
+        """What environments that evaluate on their own reported since the last step; their files kept with the run."""
+        if not isinstance(self.scheduler, ReportsEvaluations):
+            return {}
+        metrics, files = self.scheduler.take_evaluations()
+        for report in files:
+            self.parts.logger.log_artifact(report, "environment_evaluations")
+        return metrics
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Held-out greedy evaluation; notes the best so far (and exports it)."""

@@ -220,6 +220,7 @@ class ListTracker:
 
     def __init__(self) -> None:
         self.metrics: list[tuple[int, dict[str, float]]] = []
+        self.artifacts: list[tuple[Path, str | None]] = []
 
     def start(
         self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None, resume_run_id: str | None = None,
@@ -236,7 +237,8 @@ class ListTracker:
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self.metrics.append((step, dict(metrics)))
 
-    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        self.artifacts.append((path, artifact_path))
 
     def log_table(self, rows: Sequence[Mapping[str, Any]], artifact_file: str) -> None: ...
 

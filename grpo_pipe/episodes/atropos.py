@@ -24,7 +24,13 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.episodes.atropos_api import AtroposApi, AtroposServer, EnvironmentProcesses, Registration
+from grpo_pipe.episodes.atropos_api import (
+    AtroposApi,
+    AtroposServer,
+    EnvironmentEvaluations,
+    EnvironmentProcesses,
+    Registration,
+)
 from grpo_pipe.episodes.scored_groups import Limits, RefusedGroup, ScoredGroup, read_scored_group
 from grpo_pipe.episodes.single_turn import SingleTurn
 from grpo_pipe.interfaces import GeneratesInBackground, PendingRollout, RolloutEngine
@@ -41,7 +47,7 @@ class AtroposEnvironment:
     def __init__(self, environments: Sequence[Sequence[str]] = (), api_url: str | None = None,
                  groups_per_step: int = 32, group_size: int = 8, batch_timeout_s: float = 600.0,
                  max_restarts: int = 3, model_name: str = "grpo_pipe", poll_s: float = 0.5,
-                 report_every_s: float = 30.0) -> None:
+                 report_every_s: float = 30.0, eval_every: int | None = None) -> None:
         self.environments = [list(e) for e in environments]  # e.g. [[my_env.py, serve, --env.max_token_length, "512"]]
         self.groups_per_step, self.group_size = groups_per_step, group_size  # a batch: groups x samples per group
         self.api_url = api_url  # a running run-api to attach to; None: the run starts one on 127.0.0.1
@@ -49,6 +55,7 @@ class AtroposEnvironment:
         self.max_restarts = max_restarts
         self.model_name = model_name  # the name the endpoint serves the engine under (--openai.model_name)
         self.poll_s, self.report_every_s = poll_s, report_every_s
+        self.eval_every = eval_every  # the environments' own evaluations, every this many trainer steps; None: theirs
         self._single = SingleTurn()  # held-out evaluation: the data's tasks, one turn
         self._tokenizer: Any = None
         self._closers: list[Callable[[], None]] = []
@@ -65,6 +72,11 @@ class AtroposEnvironment:
                             "of >= 2 samples (GRPO compares a group's samples)")
         if self.batch_timeout_s <= 0:
             problems.append(f"batch_timeout_s={self.batch_timeout_s}: must be > 0")
+        if self.eval_every is not None and (self.eval_every < 0 or self.eval_every == 1):
+            # atroposlib evaluates when the step count passes a multiple of steps_per_eval (step % N wraps): at 1 it
+            # never wraps, and the environments would silently never evaluate.
+            problems.append(f"eval_every={self.eval_every}: allowed 0 (the environments never evaluate), 2 or more "
+                            "(atroposlib never evaluates at steps_per_eval=1), or null (each environment's own)")
         return problems
 
     # -- the episode runner's part: held-out evaluation as single turns --------------------------------------
@@ -113,9 +125,10 @@ class AtroposEnvironment:
         # The engine may serve the environments while the trainer trains only where its calls are serialised on its
         # own thread (the batcher's, held-out evaluation's, weight syncs') and a group may be a version behind.
         overlap = max_staleness >= 1 and isinstance(engine, GeneratesInBackground) and bool(engine.background)
+        evaluations = EnvironmentEvaluations([processes.evaluations_dir(i) for i in range(len(self.environments))])
         source = AtroposSource(api, endpoint, processes, Limits(len(self._tokenizer), engine.max_model_len,
                                                                  sampling.temperature), max_staleness,
-                               self.batch_timeout_s, overlap=overlap)
+                               self.batch_timeout_s, overlap=overlap, evaluations=evaluations)
         source.open_intake()
         processes.start()
         return source
@@ -141,6 +154,8 @@ class AtroposEnvironment:
                  "env.group_size": str(self.group_size), "openai.base_url": endpoint.base_url,
                  "openai.api_key": endpoint.token, "openai.model_name": self.model_name, "openai.server_type": "vllm",
                  "openai.tokenizer_name": model}
+        if self.eval_every is not None:
+            flags["env.steps_per_eval"] = str(self.eval_every)
         return [f"--{flag}={value}" for flag, value in flags.items()]  # `=`: a value is never read as a flag
 
 
@@ -148,12 +163,14 @@ class AtroposSource:
     """The recipe's `RolloutSource` for Atropos: each `take` is one batch pulled from the API server."""
 
     def __init__(self, api: AtroposApi, endpoint: EngineEndpoint, processes: EnvironmentProcesses, limits: Limits,
-                 max_staleness: int, timeout_s: float, overlap: bool = False) -> None:
+                 max_staleness: int, timeout_s: float, overlap: bool = False,
+                 evaluations: EnvironmentEvaluations | None = None) -> None:
         self.api, self.endpoint, self.processes, self.limits = api, endpoint, processes, limits
         self.max_staleness = max_staleness
         self.stale_policy = "drop"  # the environments sample on their own: what is too old can only be dropped
         self.timeout_s = timeout_s
         self.overlap = overlap  # the endpoint stays open while the trainer trains (see the module docstring)
+        self.evaluations = evaluations or EnvironmentEvaluations([])
         self.ledger = Ledger()
         self.generation_intervals: list[tuple[float, float]] = []
         self.guard: Callable[[], Any] = nullcontext
@@ -190,6 +207,10 @@ class AtroposSource:
 
     def requeue_lost(self) -> int:
         return 0  # the environments resend what they did not get answered
+
+    def take_evaluations(self) -> tuple[dict[str, float], list[Path]]:
+        """The environments' own evaluations reported since the last call (`env_eval/<process>/<metric>`)."""
+        return self.evaluations.take()
 
     def snapshot(self) -> dict[str, Any]:
         return {"pulled": self._pulled}

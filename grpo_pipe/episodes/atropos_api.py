@@ -9,6 +9,7 @@ ends any wait at once.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -217,11 +218,62 @@ class EnvironmentProcesses:
                 process.kill()
                 process.wait()
 
+    def command(self, index: int) -> list[str]:
+        """Process `index`'s command line: its own, the run's connection flags, and where atroposlib's
+        `evaluate_log` writes its evaluations (read back by `EnvironmentEvaluations`)."""
+        return [sys.executable, *self.commands[index], *self.connection,
+                f"--env.data_dir_to_save_evals={self.evaluations_dir(index)}"]
+
+    def evaluations_dir(self, index: int) -> Path:
+        return self.log_dir / "evaluations" / str(index)
+
     def _start(self, index: int) -> None:
-        command = [sys.executable, *self.commands[index], *self.connection]
+        command = self.command(index)
         with self._log(index).open("ab") as out:
             self.processes[index] = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                                      env={**os.environ, **self.env})
 
     def _log(self, index: int) -> Path:
         return self.log_dir / f"environment-{index}.log"
+
+
+class EnvironmentEvaluations:
+    """What the environments' own evaluations wrote (atroposlib's `evaluate_log`: `metrics.json`, and `samples.jsonl`
+    when given samples), read back once each time a file changes: numbers as `env_eval/<process>/<metric>`, the files
+    to keep with the run. A file that does not parse is named in one warning and skipped: an environment's mistake
+    never stops the run."""
+
+    def __init__(self, folders: Sequence[Path]) -> None:
+        self.folders = list(folders)
+        self._seen: dict[Path, int] = {}  # file -> the modification time read last
+
+    def take(self) -> tuple[dict[str, float], list[Path]]:
+        metrics: dict[str, float] = {}
+        files: list[Path] = []
+        for index, folder in enumerate(self.folders):
+            report = folder / "metrics.json"
+            if not self._changed(report):
+                continue
+            try:
+                results = json.loads(report.read_text())["results"]["all"]
+            except (OSError, ValueError, KeyError, TypeError) as err:
+                log.warning("environment %d's evaluation %s does not parse (%s: %s); skipped", index, report,
+                            type(err).__name__, err)
+                continue
+            metrics.update({f"env_eval/{index}/{name}": float(value) for name, value in results.items()
+                            if isinstance(value, (int, float)) and not isinstance(value, bool)})
+            files.append(report)
+            samples = folder / "samples.jsonl"
+            if samples.is_file():
+                files.append(samples)
+        return metrics, files
+
+    def _changed(self, path: Path) -> bool:
+        try:
+            stamp = path.stat().st_mtime_ns
+        except OSError:
+            return False
+        if self._seen.get(path) == stamp:
+            return False
+        self._seen[path] = stamp
+        return True

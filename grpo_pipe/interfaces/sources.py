@@ -115,6 +115,14 @@ class RolloutSourceFactory(Protocol):
 
 
 @runtime_checkable
+class ReportsEvaluations(Protocol):
+    """A source whose environments evaluate on their own (Atropos environments' `evaluate`): what they reported
+    since the last call, as metrics for the step and files to keep with the run."""
+
+    def take_evaluations(self) -> tuple[dict[str, float], list[Path]]: ...
+
+
+@runtime_checkable
 class ProvidesRollouts(Protocol):
     """An environment that brings its own training groups (`environment=atropos`: services that sample through the
     run's endpoint and score): the recipe takes its batches from this source instead of the rollout scheduler."""

@@ -104,3 +104,14 @@ def test_restore_puts_the_loop_back_where_the_checkpoint_left_it(tmp_path: Path)
     assert second.parts.trainer.version == 1 == second.parts.rollout.served_version
     assert second.recorder.step_rewards == [0.5]
     assert _fakes(second).curriculum.position == _fakes(first).curriculum.position
+
+
+def test_a_sources_own_evaluations_join_the_steps_metrics_and_their_files_the_run(tmp_path: Path) -> None:
+    recipe = _recipe(tmp_path)
+    report = tmp_path / "metrics.json"
+    report.write_text("{}")
+    reports = [({"env_eval/0/accuracy": 0.75}, [report]), ({}, [])]
+    recipe.scheduler.take_evaluations = lambda: reports.pop(0)  # type: ignore[attr-defined]  # as environment=atropos's
+    assert recipe.train_step(1)["env_eval/0/accuracy"] == 0.75
+    assert "env_eval/0/accuracy" not in recipe.train_step(2)  # reported once
+    assert (report, "environment_evaluations") in _fakes(recipe).logger.artifacts

@@ -15,7 +15,7 @@ import psutil
 import pytest
 from transformers import AutoTokenizer
 
-from grpo_pipe.episodes.atropos_api import AtroposApi, AtroposServer, NoBatch, Registration
+from grpo_pipe.episodes.atropos_api import AtroposApi, AtroposServer, EnvironmentEvaluations, NoBatch, Registration
 from grpo_pipe.episodes.scored_groups import Limits, read_scored_group
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.rollout.vllm_engine import VllmEngine
@@ -153,3 +153,21 @@ def _cmdline(process: psutil.Process) -> str:
         return " ".join(process.cmdline())
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
         return ""
+
+
+def test_an_environments_own_evaluation_reaches_the_run_as_metrics(endpoint: EngineEndpoint, tmp_path: Path) -> None:
+    """The environment's `evaluate` (atroposlib's `evaluate` command: no API server) samples through the endpoint and
+    writes its results where the run told it; the run reads them back once, as `env_eval/<process>/<metric>`."""
+    folder = tmp_path / "evaluations" / "0"
+    model = str(endpoint.engine.model_path)
+    command = [sys.executable, str(ENVIRONMENT), "evaluate", f"--env.tokenizer_name={model}",
+               f"--env.data_dir_to_save_evals={folder}", f"--openai.base_url={endpoint.base_url}",
+               f"--openai.api_key={endpoint.token}", "--openai.model_name=tiny", "--openai.server_type=vllm",
+               f"--openai.tokenizer_name={model}"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    evaluations = EnvironmentEvaluations([folder])
+    metrics, files = evaluations.take()
+    assert metrics["env_eval/0/completions"] == 2.0 and metrics["env_eval/0/tokens_mean"] > 0
+    assert files == [folder / "metrics.json"] and evaluations.take() == ({}, [])

@@ -1,0 +1,43 @@
+"""What the run tells each Atropos environment process, and the evaluations they write read back once per change
+(the real processes and API server: tests/integration/episodes/test_atropos_api.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from grpo_pipe.episodes.atropos_api import EnvironmentEvaluations, EnvironmentProcesses
+
+
+def _write(folder: Path, metrics: dict, stamp_ns: int, samples: bool = False) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    report = folder / "metrics.json"
+    report.write_text(json.dumps({"config_general": {}, "results": {"atropos|sums|0": metrics, "all": metrics}}))
+    os.utime(report, ns=(stamp_ns, stamp_ns))  # each write its own modification time, whatever the clock's grain
+    if samples:
+        (folder / "samples.jsonl").write_text('{"question": "1+1"}\n')
+
+
+def test_each_process_is_told_where_to_write_its_evaluations(tmp_path: Path) -> None:
+    processes = EnvironmentProcesses([["env_a.py", "serve"], ["env_b.py", "serve"]], ["--env.x=1"], tmp_path)
+    assert processes.command(1)[1:] == ["env_b.py", "serve", "--env.x=1",
+                                        f"--env.data_dir_to_save_evals={tmp_path / 'evaluations' / '1'}"]
+
+
+def test_evaluations_are_read_once_per_change_and_a_broken_one_is_skipped(tmp_path: Path, caplog) -> None:
+    first, second = tmp_path / "0", tmp_path / "1"
+    evaluations = EnvironmentEvaluations([first, second])
+    assert evaluations.take() == ({}, [])  # nothing written yet
+    _write(first, {"accuracy": 0.25, "n": 8, "note": "text is not a metric", "flag": True}, 1_000, samples=True)
+    assert evaluations.take() == ({"env_eval/0/accuracy": 0.25, "env_eval/0/n": 8.0},
+                                  [first / "metrics.json", first / "samples.jsonl"])
+    assert evaluations.take() == ({}, [])  # unchanged: not logged twice
+    _write(first, {"accuracy": 0.5}, 2_000)
+    second.mkdir()
+    (second / "metrics.json").write_text("{not json")
+    with caplog.at_level(logging.WARNING):
+        metrics, files = evaluations.take()
+    assert metrics == {"env_eval/0/accuracy": 0.5} and files[0] == first / "metrics.json"
+    assert "environment 1's evaluation" in caplog.text and "does not parse" in caplog.text
