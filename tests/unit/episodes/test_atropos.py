@@ -79,3 +79,14 @@ def test_with_overlap_the_endpoint_stays_open_while_the_trainer_trains() -> None
     first, second = source.take(trainer_version=0), source.take(trainer_version=1)
     assert endpoint.events == ["resume", "resume"]  # never paused
     assert (first.staleness, second.staleness) == ([0], [1])  # a group a version behind is kept, as max_staleness says
+
+
+def test_an_evaluation_cadence_atroposlib_would_never_fire_is_refused_before_anything_starts(tmp_path) -> None:
+    from grpo_pipe.episodes.atropos import AtroposEnvironment
+
+    script = tmp_path / "env.py"
+    script.write_text("")
+    problems = AtroposEnvironment([[str(script), "serve"]], eval_every=1).config_problems()
+    assert problems == ["eval_every=1: allowed 0 (the environments never evaluate), 2 or more (atroposlib never "
+                        "evaluates at steps_per_eval=1), or null (each environment's own)"]
+    assert AtroposEnvironment([[str(script), "serve"]], eval_every=2).config_problems() == []
