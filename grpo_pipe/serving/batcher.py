@@ -4,13 +4,17 @@ An environment process sends its requests one prompt at a time, many at once. Se
 would serve them one after another; instead one worker thread takes every request waiting when the engine is free,
 groups the ones with the same sampling settings, and sends each group as one engine call (each prompt with its own
 token budget). Requests that arrive while the engine is busy wait for the next round: the engine is never idle while
-work waits, and calls still reach it in order, one at a time, as `RolloutEngine` requires.
+work waits, and calls still reach it in order, one at a time, as `RolloutEngine` requires. An environment's requests
+of one moment arrive a few milliseconds apart: a round begins by gathering for `gather_s` (20 ms), so that the first
+request does not take the engine alone and leave the rest for a second round (measured on CPU with 16 requests sent at
+once: two or three engine calls per burst, 0.59 of the engine's own rate).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -53,8 +57,10 @@ class Request:
 class RequestBatcher:
     """Feeds the engine from a queue of single requests, one batched call per round and sampling key."""
 
-    def __init__(self, engine: RolloutEngine, max_prompts_per_call: int = 1024, served: ServedLog | None = None) -> None:
+    def __init__(self, engine: RolloutEngine, max_prompts_per_call: int = 1024, served: ServedLog | None = None,
+                 gather_s: float = 0.02) -> None:
         self.engine = engine
+        self.gather_s = gather_s  # how long a round waits for the rest of a burst before its engine call
         self.served = served  # every completion served is recorded here, when given
         self.max_prompts_per_call = max_prompts_per_call
         self.engine_calls = 0  # rounds sent to the engine (each one `generate` call)
@@ -114,8 +120,11 @@ class RequestBatcher:
             with self._wake:
                 while (not self._queue or not self._open) and not self._closed:
                     self._wake.wait()
+                self._gather()
                 if self._closed:
                     return
+                if not self._open:  # paused while gathering: the engine is its owner's now
+                    continue
                 taken = [self._queue.popleft() for _ in range(min(len(self._queue), self.max_prompts_per_call))]
                 self._busy = True
             try:
@@ -127,6 +136,15 @@ class RequestBatcher:
                 with self._wake:
                     self._busy = False
                     self._wake.notify_all()
+
+    def _gather(self) -> None:
+        """With the lock held: let the rest of a burst arrive (each arrival wakes the wait), up to `gather_s`."""
+        deadline = time.monotonic() + self.gather_s
+        while len(self._queue) < self.max_prompts_per_call and not self._closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wake.wait(left)
 
     def _run(self, key: SamplingKey, requests: Sequence[Request]) -> None:
         # A seeded request is sampled alone, so its samples depend on its seed and not on what else was waiting.

@@ -110,3 +110,18 @@ def test_a_paused_batcher_finishes_its_round_holds_the_rest_and_resumes() -> Non
     finally:
         engine.gate.set()
         batcher.close()
+
+
+def test_a_burst_of_requests_is_gathered_into_one_call() -> None:
+    """The first request of a burst does not take the engine alone: the round waits for the rest (here up to a long
+    gather_s, ended as soon as a full call's worth has arrived, so the result does not depend on the machine's speed)."""
+    engine = GatedEngine()
+    engine.gate.set()
+    batcher = RequestBatcher(engine, max_prompts_per_call=3, gather_s=60.0)  # type: ignore[arg-type]
+    try:
+        burst = [batcher.submit(Request((i, 1), 1, 4, KEY)) for i in range(3)]
+        for future in burst:
+            future.result(30)
+    finally:
+        batcher.close()
+    assert [len(prompts) for prompts, _ in engine.calls] == [3]
