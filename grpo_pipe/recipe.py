@@ -96,9 +96,15 @@ class GRPORecipe:
                 prompt_limit=self.engine.max_model_len - p.environment.completion_budget(settings.max_new_tokens),
                 overlong_prompts=settings.overlong_prompts, episodes=p.environment,
             )
+        eval_tasks = eval_tasks[: settings.eval_size]
+        if isinstance(p.environment, ProvidesRollouts):
+            # Its groups are scored by the environments (reward=environment): the data's tasks as single turns would
+            # all score `missing`. The environments' own evaluations are logged instead (env_eval/*).
+            log.info("Held-out evaluation: the environments' own (env_eval/*); the data's held-out tasks are not run")
+            eval_tasks = []
         eval_limit = self.engine.max_model_len - p.environment.completion_budget(settings.eval_max_new_tokens)
-        eval_prompts, eval_tasks = fit_held_out([render(t) for t in eval_tasks[: settings.eval_size]],
-                                                eval_tasks[: settings.eval_size], eval_limit, settings.overlong_prompts)
+        eval_prompts, eval_tasks = fit_held_out([render(t) for t in eval_tasks], eval_tasks, eval_limit,
+                                                settings.overlong_prompts)
         self.held_out = HeldOutEvaluation(
             prompts=eval_prompts, tasks=eval_tasks, reward=p.reward, plan=settings.eval_plan(),
             eval_every=settings.eval_every, patience=settings.early_stop_patience, checkpoints=p.checkpoint,

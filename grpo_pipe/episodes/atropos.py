@@ -12,7 +12,7 @@ trains, syncs and evaluates, their requests queue at the endpoint. With `max_sta
 generates on a thread of its own (`rollout.background`, the default then), the endpoint stays open: the environments
 sample while the trainer trains, every engine call and weight sync goes through that one thread (a sync lands between
 engine steps, each token keeping the version that sampled it), and what comes back too old is dropped and counted.
-Held-out evaluation runs the data's held-out tasks as single turns, as `environment=single_turn` does.
+The environments' own evaluations are the run's held-out evaluation (`env_eval/*`, read by `EnvironmentEvaluations`).
 """
 
 from __future__ import annotations

@@ -100,6 +100,7 @@ def test_a_run_trains_on_an_atropos_environments_groups(compose_cfg, tmp_path: P
     # Two batches of 4 groups of 4; groups the API queued before a sync are too stale for the next step and dropped.
     assert len(result.rewards) == 2 and result.ledger.trained >= 2
     assert result.ledger.dropped.get("refused", 0) == 0  # every group's tokens were the engine's own
+    assert result.final_eval == {}  # the data's tasks as single turns would score `missing`: the environments' own
     assert result.ledger.balanced() and result.ledger.submitted >= 8
     api_log = (tmp_path / "run" / "environments" / "atropos-api.log").read_text()
     assert '"POST /scored_data' in api_log and '"GET /batch HTTP/1.1" 200' in api_log
