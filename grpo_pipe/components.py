@@ -58,7 +58,7 @@ class Components:
     curriculum: Curriculum
     trainer: Trainer
     rollout: RolloutEngine  # as the placement placed it: the engine itself, or a handle to replicas
-    rollout_scheduler: RolloutSourceFactory  # completed by the recipe (engine, tasks, prompts)
+    rollout_scheduler: RolloutSourceFactory  # settings; the recipe builds the scheduler (engine, tasks, prompts)
     environment: EpisodeRunner  # one turn per rollout, or tool-using episodes
     weight_bridge: WeightBridge
     placement: Placement
@@ -67,7 +67,7 @@ class Components:
 
     @property
     def max_staleness(self) -> int:
-        return int(self.rollout_scheduler.keywords.get("max_staleness", 0))
+        return self.rollout_scheduler.max_staleness
 
 
 def build(cfg: DictConfig) -> Components:
@@ -97,9 +97,7 @@ def combination_problems(parts: Components) -> list[str]:
     """Settings that are each valid but do not work together."""
     problems = []
     staleness, sync_every = parts.max_staleness, parts.weight_bridge.sync_every
-    if staleness < 0:
-        problems.append(f"rollout_scheduler.max_staleness={staleness}: must be >= 0 (0 = on-policy, the synchronous loop)")
-    elif staleness < sync_every - 1:
+    if 0 <= staleness < sync_every - 1:  # a negative one is the scheduler settings' own problem
         problems.append(
             f"rollout_scheduler.max_staleness={staleness} < weight_bridge.sync_every - 1 = {sync_every - 1}: "
             "between syncs the engine lags up to sync_every - 1 versions; raise max_staleness or sync more often"

@@ -91,7 +91,7 @@ class GRPORecipe:
                 self.engine, self.sampling, max_staleness=p.max_staleness, total_steps=p.trainer.steps,
                 log_dir=self.output_dir / "environments")
         else:
-            self.scheduler = p.rollout_scheduler(
+            self.scheduler = p.rollout_scheduler.build(
                 self.engine, p.curriculum.next_batch, render, self.sampling, total_steps=p.trainer.steps,
                 prompt_limit=self.engine.max_model_len - p.environment.completion_budget(settings.max_new_tokens),
                 overlong_prompts=settings.overlong_prompts, episodes=p.environment,

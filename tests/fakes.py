@@ -4,7 +4,6 @@ Each one is the least that satisfies its Protocol and records what the recipe as
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -15,7 +14,7 @@ import torch
 
 from grpo_pipe.components import Components
 from grpo_pipe.episodes.single_turn import SingleTurn
-from grpo_pipe.rollout.scheduler import RolloutScheduler, StalePolicy
+from grpo_pipe.rollout.scheduler import SchedulerSettings, StalePolicy
 from grpo_pipe.run_state import RunSettings
 from grpo_pipe.types import (
     Completion,
@@ -292,7 +291,7 @@ def fake_components(
         curriculum=FakeCurriculum(),
         trainer=CountingTrainer(steps),
         rollout=FakeEngine(),
-        rollout_scheduler=functools.partial(RolloutScheduler, max_staleness=max_staleness, stale_policy=stale_policy),
+        rollout_scheduler=SchedulerSettings(max_staleness=max_staleness, stale_policy=stale_policy),
         environment=SingleTurn(),
         weight_bridge=RecordingBridge(sync_every),
         placement=SamePlacement(),

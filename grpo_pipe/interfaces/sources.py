@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from grpo_pipe.interfaces.engines import RolloutEngine
 from grpo_pipe.interfaces.episodes import EpisodeRunner
@@ -102,15 +102,16 @@ class RolloutSource(Protocol):
 
 @runtime_checkable
 class RolloutSourceFactory(Protocol):
-    """The `rollout_scheduler` config group: a `_partial_` whose settings (`keywords`, e.g. max_staleness) are
-    known, and checked, before the engine and the data exist; the recipe completes it with them."""
+    """The `rollout_scheduler` config group: typed settings (known, and checked, before the engine and the data exist)
+    that build the recipe's source of batches once they do."""
 
-    keywords: Mapping[str, Any]
+    max_staleness: int  # policy versions a trained sample may lag the trainer (0 = the synchronous loop)
+    stale_policy: str
 
-    def __call__(
+    def build(
         self, engine: RolloutEngine, next_batch: Callable[[], list[tuple[Task, int]]],
         render: Callable[[Task], tuple[int, ...]], sampling: SamplingSettings, *, total_steps: int,
-        prompt_limit: int | None, overlong_prompts: str, episodes: EpisodeRunner,
+        prompt_limit: int | None, overlong_prompts: Literal["skip", "truncate"], episodes: EpisodeRunner,
     ) -> RolloutSource: ...
 
 

@@ -24,18 +24,26 @@ class PolicyLoss(Protocol):
     clip_low: float
     clip_high: float
     mask_truncated: bool  # completions that hit the budget get no loss and are in no normaliser
+    entropy_coef: float  # > 0: `__call__` takes the policy's entropy per token, with its graph (an entropy bonus)
 
     @property
     def needs_reference(self) -> bool:
         """Whether `__call__` needs the frozen starting policy's log-probs (a KL term)."""
         ...
 
+    @property
+    def needs_every_sample(self) -> bool:
+        """Whether zero-advantage completions must still run (a term with a gradient for them, or a normaliser
+        that counts their tokens per micro-batch)."""
+        ...
+
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
         """[N] rewards, [N] group ids -> [N] advantages."""
         ...
 
-    def normaliser(self, lengths: Sequence[int]) -> float:
-        """What the whole batch's summed loss is divided by, from the lengths of the completions that get one."""
+    def normaliser(self, lengths: Sequence[int], micro_batches: int = 1) -> float:
+        """What the whole batch's summed loss is divided by, from the lengths of the completions that get one and
+        the number of the step's micro-batches."""
         ...
 
     def __call__(
@@ -47,6 +55,7 @@ class PolicyLoss(Protocol):
         normaliser: float,
         ref_logprobs: torch.Tensor | None = None,
         proximal_logprobs: torch.Tensor | None = None,
+        entropy: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, LossStats]:
         """One micro-batch's loss, pre-divided by the batch's normaliser, and its detached statistics."""
         ...

@@ -26,7 +26,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.episodes.single_turn import SingleTurn
 from grpo_pipe.interfaces import EpisodeRunner, PendingRollout, RolloutEngine
 from grpo_pipe.stopping import GenerationInterrupted
@@ -51,8 +50,35 @@ class _InFlight:
     pending: PendingRollout
 
 
+@dataclass(frozen=True, kw_only=True)
+class SchedulerSettings:
+    """The `rollout_scheduler` group: how far generation may run ahead of training, and what happens to a sample that
+    would lag more. Its rules are stated here, beside the settings, and reported with every other config mistake
+    before anything loads; `build` makes the scheduler once the engine, the tasks and the prompts exist."""
+
+    max_staleness: int = 0  # policy versions a trained sample may lag the trainer; 0 = the synchronous loop
+    stale_policy: StalePolicy = "pace"  # pace: hold generation back within the bound | drop: discard (and count)
+
+    def config_problems(self) -> list[str]:
+        problems = []
+        if self.max_staleness < 0:
+            problems.append(f"max_staleness={self.max_staleness}: must be >= 0 (0 = on-policy, the synchronous loop)")
+        if self.stale_policy not in ("pace", "drop"):
+            problems.append(f"stale_policy={self.stale_policy!r}: allowed: 'pace', 'drop'")
+        return problems
+
+    def build(self, engine: RolloutEngine, next_batch: Callable[[], list[tuple[Task, int]]],
+              render: Callable[[Task], tuple[int, ...]], sampling: SamplingSettings, *, total_steps: int,
+              prompt_limit: int | None, overlong_prompts: Literal["skip", "truncate"],
+              episodes: EpisodeRunner) -> RolloutScheduler:
+        return RolloutScheduler(engine, next_batch, render, sampling, total_steps=total_steps,
+                                max_staleness=self.max_staleness, stale_policy=self.stale_policy,
+                                prompt_limit=prompt_limit, overlong_prompts=overlong_prompts, episodes=episodes)
+
+
 class RolloutScheduler:
-    """The `rollout_scheduler` component (`RolloutSource` in interfaces): see the module's description."""
+    """The source of training batches the recipe builds from `SchedulerSettings` (`RolloutSource` in interfaces):
+    see the module's description."""
 
     def __init__(
         self,
@@ -68,8 +94,6 @@ class RolloutScheduler:
         overlong_prompts: Literal["skip", "truncate"] = "skip",
         episodes: EpisodeRunner | None = None,
     ) -> None:
-        if stale_policy not in ("pace", "drop"):
-            raise ConfigError([f"rollout_scheduler.stale_policy={stale_policy!r}; allowed: 'pace', 'drop'"])
         self.engine = engine
         self.next_batch = next_batch
         self.render = render

@@ -49,7 +49,7 @@ def test_option_instantiates_an_instance_of_its_groups_protocol(compose_cfg, gro
     cfg = compose_cfg([f"{group}={option}", *REQUIRED.get((group, option), [])])
     validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)
     component = instantiate(cfg[group], _convert_="all")
-    # A `_partial_` option (the rollout scheduler) is completed by the recipe: its factory names the class.
+    # A `_partial_` option (the optimizer) is completed by the trainer: its factory names the class.
     built = component.func.__name__ if isinstance(component, functools.partial) else type(component).__name__
     assert built in str(cfg[group]._target_)
     if group in GROUP_PROTOCOLS:
