@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import random
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -27,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal, cast
 
-import numpy as np
 import torch
 from omegaconf import OmegaConf
 
@@ -63,7 +61,7 @@ class Checkpoint:
         return json.loads((self.path / "loop.json").read_text())
 
     def trainer_state(self) -> dict[str, Any]:
-        # Tensors and plain Python types only (see rng_state): no pickled objects, so no code runs on load.
+        # Tensors and plain Python types only (see trainer.rng): no pickled objects, so no code runs on load.
         return torch.load(self.path / "trainer.pt", map_location="cpu", weights_only=True)
 
     def config_yaml(self) -> str:
@@ -274,36 +272,6 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any], pre
         elif a != b:
             out.append(name)
     return out
-
-
-def rng_state() -> dict[str, Any]:
-    """Every random generator a training step may draw from, as tensors and plain types
-    (loadable with `weights_only=True`): torch CPU, every CUDA device, numpy's global, Python's `random`."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()  # type: ignore[misc]
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-        "python": _to_lists(random.getstate()),
-    }
-
-
-def restore_rng(state: Mapping[str, Any]) -> None:
-    """Put back what `rng_state` recorded (CUDA only when this machine has the same devices)."""
-    torch.set_rng_state(state["torch"])
-    cuda = state.get("cuda") or []
-    if cuda and torch.cuda.is_available() and len(cuda) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(cuda)
-    numpy = state["numpy"]
-    keys = numpy["keys"].numpy().astype(np.uint32)
-    np.random.set_state((numpy["kind"], keys, numpy["pos"], numpy["has_gauss"], numpy["cached_gaussian"]))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-
-
-def _to_lists(value: Any) -> Any:
-    return [_to_lists(v) for v in value] if isinstance(value, tuple) else value
 
 
 def _jsonable(value: Any) -> Any:

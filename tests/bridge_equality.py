@@ -16,8 +16,8 @@ from omegaconf import DictConfig
 from transformers import AutoTokenizer
 
 from grpo_pipe.bridges.contract import push_weights
-from grpo_pipe.bridges.files import copy_tokenizer_files
 from grpo_pipe.components import Components
+from grpo_pipe.models.files import copy_tokenizer_files
 from grpo_pipe.pipeline import build
 from grpo_pipe.prompts import render_prompt
 from grpo_pipe.types import RolloutGroup, SamplingSettings, SyncStats

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file, save_file
 
-from grpo_pipe.bridges.files import copy_tokenizer_files
+from grpo_pipe.models.files import copy_tokenizer_files
 
 
 def other_weights(source: Path, out: Path) -> Path:

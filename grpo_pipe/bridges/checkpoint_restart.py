@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from grpo_pipe.bridges.contract import check_sync_every
-from grpo_pipe.bridges.files import copy_tokenizer_files, folder_bytes, replace_atomically
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import Policy, RolloutEngine
+from grpo_pipe.models.files import copy_tokenizer_files, folder_bytes, replace_atomically
 from grpo_pipe.types import SyncStats
 
 

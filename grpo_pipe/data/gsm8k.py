@@ -12,8 +12,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
+from grpo_pipe.data.numbers import parse_number
 from grpo_pipe.data.rows import SkippedRows
-from grpo_pipe.rewards.answers import parse_number
 from grpo_pipe.types import Task
 
 log = logging.getLogger(__name__)

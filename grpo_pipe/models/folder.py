@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.bridges.files import copy_tokenizer_files
 from grpo_pipe.models.custom_code import loader_options
+from grpo_pipe.models.files import copy_tokenizer_files
 
 
 class FolderModelSource:

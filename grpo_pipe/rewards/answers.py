@@ -1,11 +1,9 @@
 """Final-answer extraction and exact numeric equivalence for math answers, and the verifier choice.
 
-The reward and the evaluation both call `is_correct`, so they cannot drift apart. Read as numbers:
-integers, decimals with or without a leading digit (`.5`, `-.5`), thousands separators in groups of
-three (`1,234,567`; `1,2` is not a number), currency (`$1,200.50`), percent (`50%` reads as 50, the
-GSM8K convention), fractions (`-3/4`) and LaTeX in `\\boxed{}` (`\\frac{a}{b}`, `\\dfrac`, `\\tfrac`,
-`-\\frac`, `\\$`, `\\%`, `\\text{units}`). Anything else in a box is not a number, so it is unparsable,
-never a different number that might happen to match.
+The reward and the evaluation both call `is_correct`, so they cannot drift apart. A final answer is read as a
+number by `data.numbers.parse_number` (the data's reference answers are read the same way); LaTeX in `\\boxed{}`
+(`\\frac{a}{b}`, `\\dfrac`, `\\tfrac`, `-\\frac`, `\\$`, `\\%`, `\\text{units}`) is made plain first. Anything
+else in a box is not a number, so it is unparsable, never a different number that might happen to match.
 
 Two verifiers share one surface (`verifier(text, reference) -> True | False | None`):
 `BuiltinVerifier` (this parser, offline, the default) and `MathVerifyVerifier` (Hugging Face's
@@ -16,10 +14,10 @@ from __future__ import annotations
 
 import re
 import threading
-from fractions import Fraction
 from typing import Protocol
 
 from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.data.numbers import parse_number
 
 _SIGN = r"(?:(?<![\w)\]])[-\u2212]\s?)?"  # a minus that is not a subtraction ("x-5", "3-2")
 _DIGITS = r"(?:\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)"
@@ -28,7 +26,6 @@ _NUMBER = _SIGN + r"\$?\s?" + _DIGITS + r"(?:\s?/\s?\d+)?%?"
 _HASHES = re.compile(r"####\s*(" + _NUMBER + ")")
 _ANSWER_IS = re.compile(r"answer\s*(?:is|:|=)\s*[:=]?\s*\**\s*(" + _NUMBER + ")", re.IGNORECASE)
 _ANY_NUMBER = re.compile(_NUMBER)
-_THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?")
 _FRAC = re.compile(r"\\[dt]?frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}")
 _FRAC_SHORT = re.compile(r"\\[dt]?frac\s*(\d)\s*(\d)")  # \frac12
 
@@ -78,34 +75,6 @@ def latex_to_plain(latex: str) -> str:
     if "=" in s:
         s = s.rsplit("=", 1)[1]
     return s.strip().rstrip(".")
-
-
-def parse_number(answer: str) -> Fraction | None:
-    """Parse "1,200", "$5", "3.50", "-7", ".5", "50%", "3/4", "-(3)/(4)" into an exact Fraction; None if it is
-    not one number."""
-    cleaned = answer.strip().replace("\u2212", "-").replace("$", "").replace("%", "").replace(" ", "").rstrip(".")
-    sign = 1
-    if cleaned.startswith("-"):
-        sign, cleaned = -1, cleaned[1:]
-    parts = cleaned.split("/")
-    if len(parts) > 2:
-        return None
-    values = [_plain_number(p[1:-1] if p.startswith("(") and p.endswith(")") else p) for p in parts]
-    if any(v is None for v in values):
-        return None
-    if len(values) == 2:
-        return None if values[1] == 0 else sign * values[0] / values[1]  # type: ignore[operator]
-    return sign * values[0]  # type: ignore[operator]
-
-
-def _plain_number(text: str) -> Fraction | None:
-    if "," in text:
-        if not _THOUSANDS.fullmatch(text.lstrip("+-")):
-            return None  # "1,2" is a list, not twelve
-        text = text.replace(",", "")
-    if not re.fullmatch(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)", text):
-        return None  # Fraction() would also take "1e3", "nan", "inf"
-    return Fraction(text)
 
 
 def is_correct(text: str, reference: str) -> bool | None:

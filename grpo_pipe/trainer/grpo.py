@@ -21,7 +21,6 @@ from typing import Any, Literal, Protocol, cast
 
 import torch
 
-from grpo_pipe.checkpointing import restore_rng, rng_state
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.dtypes import DtypeName
 from grpo_pipe.interfaces import PolicyLoss
@@ -30,6 +29,7 @@ from grpo_pipe.trainer.compiled import COMPILED_WIDTH_MULTIPLE, compile_layers, 
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.mismatch import MismatchSums, mismatch_sums
 from grpo_pipe.trainer.precision import AutocastName, Precision
+from grpo_pipe.trainer.rng import restore_rng, rng_state
 from grpo_pipe.trainer.schedule import warmup_schedule
 from grpo_pipe.types import LossStats, RolloutGroup
 

@@ -3,7 +3,8 @@ import json
 import pytest
 
 from grpo_pipe.data.gsm8k import gold_final_answer
-from grpo_pipe.rewards.answers import BuiltinVerifier, MathVerifyVerifier, extract_answer, is_correct, parse_number
+from grpo_pipe.data.numbers import parse_number
+from grpo_pipe.rewards.answers import BuiltinVerifier, MathVerifyVerifier, extract_answer, is_correct
 from tests.conftest import GSM8K_DIR
 
 
@@ -25,7 +26,6 @@ def test_extract_answer(text: str, expected: str | None) -> None:
 
 
 def test_numeric_equivalence_handles_commas_units_and_forms() -> None:
-    assert parse_number("1,200") == parse_number("1200.0")
     assert is_correct("It costs $1,200.", "1200") is True
     assert is_correct("#### 0.5", "1/2") is True
     assert is_correct("#### 7", "8") is False
@@ -73,11 +73,8 @@ def test_math_verify_agrees_on_the_same_cases(text, reference, verdict) -> None:
     assert MathVerifyVerifier()(text, reference) is expected
 
 
-def test_non_numbers_are_unparsable_not_another_number() -> None:
-    for answer in ("1,2", "1e3", "nan", "inf", "x+1", "(1)/(0)", "1/2/3"):
-        assert parse_number(answer) is None, answer
+def test_a_boxed_non_number_is_unparsable_not_another_number() -> None:
     assert is_correct("\\boxed{x + 1}", "1") is None
-    assert parse_number("50%") == 50 and parse_number("-(3)/(4)") == parse_number("-0.75")
 
 
 def _gsm8k_test_rows() -> list[dict[str, str]]:

@@ -1,4 +1,5 @@
-"""Helpers shared by bridges that hand weights over through files."""
+"""Files of a model folder: the tokenizer files a fresh engine needs, a folder's size, a replace that is never half
+done; used by the model sources and by the bridges that hand weights over through files."""
 
 from __future__ import annotations
 
