@@ -68,6 +68,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(module.as_posix()))
     if getattr(config.option, "loadgroup", False):
         _suffix_xdist_groups(items)
+        # The Ray group is the longest unit of work (minutes of whole jobs on one worker): handed out first, it runs
+        # beside the rest instead of being the tail of the suite. Otherwise the collection order stays.
+        items.sort(key=lambda item: not any(m.args[:1] == ("ray",) for m in item.iter_markers("xdist_group")))
 
 
 def _uses_a_fixture_of_its_module(item: pytest.Item) -> bool:
