@@ -17,10 +17,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from grpo_pipe.episodes.metrics import episode_metrics
 from grpo_pipe.interfaces import EpisodeRunner, Reward, RolloutEngine
+from grpo_pipe.prompts import a_few, cut_to
 from grpo_pipe.types import (
     Completion,
     RewardOutput,
@@ -45,20 +46,19 @@ class EvalPlan:
 
 
 def fit_held_out(
-    prompts: Sequence[tuple[int, ...]], tasks: Sequence[Task], limit: int, overlong: str,
+    prompts: Sequence[tuple[int, ...]], tasks: Sequence[Task], limit: int, overlong: Literal["skip", "truncate"],
 ) -> tuple[list[tuple[int, ...]], list[Task]]:
     """The held-out prompts that leave room for the evaluation's budget in the engine, by the rule training uses
     (`run.overlong_prompts`): `skip` drops the others (one warning, naming a few), `truncate` cuts them from the left.
     An engine refuses a prompt that does not fit: unchecked, one long task would end the run at its first evaluation."""
     if overlong == "truncate":
-        return [p[-limit:] if len(p) > limit else p for p in prompts], list(tasks)
+        return [cut_to(p, limit) for p in prompts], list(tasks)
     kept = [(p, t) for p, t in zip(prompts, tasks) if len(p) <= limit]
     skipped = [f"{t.uid} ({len(p)} tokens)" for p, t in zip(prompts, tasks) if len(p) > limit]
     if skipped:
-        shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
         log.warning("%d of %d held-out task(s) left out of every evaluation, prompt longer than the %d tokens that fit "
                     "the engine beside the evaluation's budget: %s (raise rollout.max_model_len, or "
-                    "run.overlong_prompts=truncate)", len(skipped), len(prompts), limit, shown)
+                    "run.overlong_prompts=truncate)", len(skipped), len(prompts), limit, a_few(skipped))
     return [p for p, _ in kept], [t for _, t in kept]
 
 

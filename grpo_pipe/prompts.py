@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from grpo_pipe.types import Task
@@ -25,3 +26,14 @@ def chat_messages(system_prompt: str, task: Task) -> list[dict[str, str]]:
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": task.question})
     return messages
+
+
+def cut_to(prompt: tuple[int, ...], limit: int | None) -> tuple[int, ...]:
+    """`prompt` as an engine with room for `limit` prompt tokens takes it (`run.overlong_prompts=truncate`): cut from
+    the left, so the question's end and the answer cue stay."""
+    return prompt[-limit:] if limit is not None and len(prompt) > limit else prompt
+
+
+def a_few(names: Sequence[str], shown: int = 3) -> str:
+    """`a, b, c and 4 more`: what a warning about many items names, never a line per item."""
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")

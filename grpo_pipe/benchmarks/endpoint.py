@@ -60,12 +60,13 @@ def endpoint_rate(endpoint: EngineEndpoint, prompts: Sequence[Sequence[int]], sa
             answer.raise_for_status()
             return sum(len(ids) for ids in answer.json()["token_ids"])
 
+        calls_before = endpoint.batcher.engine_calls if endpoint.batcher else 0
         started = time.perf_counter()
         with ThreadPoolExecutor(len(prompts)) as pool:
             tokens = sum(pool.map(ask, prompts))
         seconds = time.perf_counter() - started
-    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-            "engine_calls": float(endpoint.batcher.engine_calls if endpoint.batcher else 0)}
+    calls = (endpoint.batcher.engine_calls if endpoint.batcher else 0) - calls_before
+    return {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds, "engine_calls": float(calls)}
 
 
 def measure(engine: RolloutEngine, endpoint: EngineEndpoint, prompts: Sequence[Sequence[int]], samples: int,
@@ -74,16 +75,13 @@ def measure(engine: RolloutEngine, endpoint: EngineEndpoint, prompts: Sequence[S
     (a path measured second finds the prefix cache warm)."""
     engine_rate(engine, prompts[:2], samples, sampling)
     endpoint_rate(endpoint, prompts[:2], samples, sampling)
+    paths = {"engine": lambda: engine_rate(engine, prompts, samples, sampling),
+             "endpoint": lambda: endpoint_rate(endpoint, prompts, samples, sampling)}
     rows = []
     for number in range(1, rounds + 1):
-        calls_before = endpoint.batcher.engine_calls if endpoint.batcher else 0
-        if number % 2:
-            own, served = engine_rate(engine, prompts, samples, sampling), endpoint_rate(endpoint, prompts, samples,
-                                                                                         sampling)
-        else:
-            served, own = endpoint_rate(endpoint, prompts, samples, sampling), engine_rate(engine, prompts, samples,
-                                                                                           sampling)
-        served["engine_calls"] -= calls_before
+        order = ("engine", "endpoint") if number % 2 else ("endpoint", "engine")
+        measured = {name: paths[name]() for name in order}
+        own, served = measured["engine"], measured["endpoint"]
         rows.append({"round": number, "engine": own, "endpoint": served,
                      "ratio": served["tokens_per_s"] / own["tokens_per_s"]})
         print(f"round {number}: engine {own['tokens_per_s']:.0f} tok/s, endpoint {served['tokens_per_s']:.0f} tok/s "

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from grpo_pipe.episodes.single_turn import SingleTurn
 from grpo_pipe.interfaces import EpisodeRunner, PendingRollout, RolloutEngine
+from grpo_pipe.prompts import a_few, cut_to
 from grpo_pipe.stopping import GenerationInterrupted
 from grpo_pipe.types import Ledger, RolloutGroup, SamplingSettings, TakenBatch, Task, derive_seed
 
@@ -167,16 +168,12 @@ class RolloutScheduler:
             reason = f"prompt longer than {self.prompt_limit} tokens"
             self.ledger.dropped[reason] = self.ledger.dropped.get(reason, 0) + len(skipped)
             self.ledger.submitted += len(skipped)  # counted as taken from the curriculum, so the ledger balances
-            shown = ", ".join(skipped[:3]) + (f" and {len(skipped) - 3} more" if len(skipped) > 3 else "")
             log.warning("%d of %d task(s) skipped, prompt longer than the %d tokens that fit the engine: %s",
-                        len(skipped), len(batch), self.prompt_limit, shown)
+                        len(skipped), len(batch), self.prompt_limit, a_few(skipped))
         return kept
 
     def _prompt(self, task: Task) -> tuple[int, ...]:
-        prompt = self.render(task)
-        if self.prompt_limit is not None and len(prompt) > self.prompt_limit:
-            return prompt[-self.prompt_limit :]  # truncate from the left: the question's end and the answer cue stay
-        return prompt
+        return cut_to(self.render(task), self.prompt_limit)  # after `_fit`, only `truncate` leaves one too long
 
     def _submit_batch(self, index: int, batch: list[tuple[Task, int]]) -> None:
         tasks = [task for task, _ in batch]
