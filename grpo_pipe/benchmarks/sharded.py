@@ -9,7 +9,7 @@ global batch, from the same starting weights. Printed per world size: the median
 runner records as `time/train_s`, the first step left out as warm-up) and its speed-up over the first
 world size, and the loss of the first steps beside the first world size's. Then the last world size
 writes the checkpoint the runner writes (`trainer.state_dict()`, to a file), trains one more step, and
-the first world size resumes from the file and trains the same step: the two losses are printed.
+the first world size (or `--resume-at`) resumes from the file and trains the same step: the two losses are printed.
 """
 
 from __future__ import annotations
@@ -89,6 +89,8 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8)
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--completion-tokens", type=int, default=384)
+    parser.add_argument("--resume-at", type=int, default=None,
+                        help="the world size that resumes the last one's checkpoint; default: the first")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("overrides", nargs="*", help="config overrides (model, policy, loss, trainer settings)")
     args = parser.parse_args()
@@ -121,7 +123,8 @@ def main() -> None:
             rows.append(row)
             print(format_row(row), flush=True)
         if len(sizes) > 1:
-            resumed, _ = trainer_for(args.overrides, sizes[0])
+            resume_at = args.resume_at or sizes[0]
+            resumed, _ = trainer_for(args.overrides, resume_at)
             try:
                 resumed.load_state_dict(torch.load(checkpoint, weights_only=False))
                 again = train(resumed, work[args.steps :])[1][0]
@@ -129,7 +132,7 @@ def main() -> None:
                 resumed.close()
             want = rows[-1]["next_loss"]
             print(f"checkpoint written at world size {sizes[-1]} after step {args.steps}, resumed at world size "
-                  f"{sizes[0]}: next step's loss {again:.6g} vs {want:.6g} at world size {sizes[-1]} "
+                  f"{resume_at}: next step's loss {again:.6g} vs {want:.6g} at world size {sizes[-1]} "
                   f"(relative difference {abs(again - want) / max(abs(want), 1e-12):.2e})", flush=True)
             rows[-1]["resumed_loss"] = again
     ray.shutdown()
