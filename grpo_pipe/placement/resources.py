@@ -22,3 +22,4 @@ def gpu_problems(needs: Mapping[str, int], available: int) -> list[str]:
         return []
     parts = ", ".join(f"{who} {n}" for who, n in needs.items() if n)
     return [f"this placement needs {total} GPUs ({parts}) and this machine has {available}"]
+

@@ -9,7 +9,6 @@ machine (a local Ray instance bound to 127.0.0.1, no dashboard) or on a cluster 
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import os
 import socket
@@ -19,6 +18,7 @@ from typing import Any
 
 import torch
 
+from grpo_pipe.config.dependencies import ray_problems
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import RolloutEngine
 from grpo_pipe.placement.resources import ShardedTraining, gpu_problems
@@ -62,9 +62,7 @@ class SplitPlacement:
 
     def config_problems(self) -> list[str]:
         """Ray is an optional dependency: only this placement needs it."""
-        if importlib.util.find_spec("ray") is None:
-            return ["_target_: placement=split needs Ray, which is not installed: pip install 'grpo_pipe[ray]'"]
-        return []
+        return ray_problems("_target_: placement=split")
 
     def place(self, engine: RolloutEngine) -> RolloutEngine:
         if not isinstance(engine, VllmEngine):

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 import torch
 
+from grpo_pipe.config.dependencies import ray_problems
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.trainer.errors import TrainerLost
 from grpo_pipe.trainer.grpo import BatchPlan, GRPOTrainer
@@ -78,6 +79,10 @@ class ShardedTrainer:
         self.pad_id = 0
 
     # The runner reads these as it would the single-device trainer's.
+    def config_problems(self) -> list[str]:
+        """Ray is an optional dependency: each rank is a Ray actor."""
+        return ray_problems("_target_: trainer=fsdp")
+
     @property
     def steps(self) -> int:
         return self.template.steps
