@@ -16,19 +16,19 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from grpo_pipe import env
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.config.sources import CONF_DIR
+from grpo_pipe.runtime import env
 from grpo_pipe.tracking.run_tags import SWEEP_SPEC_TAG, job_run_name, run_tags, sweep_spec, swept_keys
 
 if TYPE_CHECKING:  # the pipeline imports torch: only a job pays for that, not `--help`
-    from grpo_pipe.pipeline import JobContext
+    from grpo_pipe.runner.pipeline import JobContext
 
 log = logging.getLogger("grpo_pipe")
 
 
 def job_context() -> JobContext:
-    from grpo_pipe.pipeline import JobContext
+    from grpo_pipe.runner.pipeline import JobContext
 
     hydra_cfg = HydraConfig.get()
     sweep_dir, swept, sweep_tags = None, [], {}
@@ -50,7 +50,8 @@ def resumed(cfg: DictConfig, job: JobContext) -> tuple[DictConfig, JobContext]:
     overrides given now on top, which the pipeline then holds to `resume_accept` as for any change."""
     from hydra import compose
 
-    from grpo_pipe.checkpointing import CorruptCheckpointError, find_resume_checkpoint, resumed_overrides
+    from grpo_pipe.checkpoint.resume import find_resume_checkpoint, resumed_overrides
+    from grpo_pipe.checkpoint.store import CorruptCheckpointError
 
     try:
         found = find_resume_checkpoint(str(cfg.resume), job.output_dir.parent)
@@ -67,6 +68,7 @@ def main() -> None:
     composes and runs the job."""
     from grpo_pipe.config.output_dirs import output_dir_problems
     from grpo_pipe.config.overrides import override_problems, problems_beside
+    from grpo_pipe.runner.components import build
 
     if sys.argv[1:] in (["--version"], ["-V"]):
         print(versions())
@@ -75,7 +77,7 @@ def main() -> None:
     logging.captureWarnings(True)  # library warnings (FutureWarning, ...) go where the job's config sends py.warnings
     problems = override_problems(sys.argv[1:]) + output_dir_problems(sys.argv[1:], Path.cwd())
     if problems:
-        report_config_error(ConfigError(list(dict.fromkeys(problems + problems_beside(sys.argv[1:], problems)))))
+        report_config_error(ConfigError(list(dict.fromkeys(problems + problems_beside(sys.argv[1:], problems, build)))))
         sys.exit(2)
     run_job()
 
@@ -116,10 +118,10 @@ def versions() -> str:
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def run_job(cfg: DictConfig) -> float:
     """Run one job; returns `run.objective` (NaN when the run did not log it) for a sweeper such as Optuna."""
-    from grpo_pipe.checkpointing import CheckpointWriteError
-    from grpo_pipe.pipeline import run
+    from grpo_pipe.checkpoint.store import CheckpointWriteError
     from grpo_pipe.rewards.python_fn import RewardFunctionError
     from grpo_pipe.rollout.scheduler import NoTaskFits
+    from grpo_pipe.runner.pipeline import run
 
     try:
         job = job_context()

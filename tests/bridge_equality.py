@@ -16,10 +16,10 @@ from omegaconf import DictConfig
 from transformers import AutoTokenizer
 
 from grpo_pipe.bridges.contract import push_weights
-from grpo_pipe.components import Components
+from grpo_pipe.data.prompts import render_prompt
 from grpo_pipe.models.files import copy_tokenizer_files
-from grpo_pipe.pipeline import build
-from grpo_pipe.prompts import render_prompt
+from grpo_pipe.runner.components import Components
+from grpo_pipe.runner.pipeline import build
 from grpo_pipe.types import RolloutGroup, SamplingSettings, SyncStats
 
 GREEDY = SamplingSettings(temperature=0.0, top_p=1.0, max_tokens=24)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from grpo_pipe.checkpointing import CheckpointManager
+from grpo_pipe.checkpoint.store import CheckpointManager
 from tests.fakes import scored_groups
 
 
@@ -19,7 +19,7 @@ def train_two_states() -> list[dict]:
     from grpo_pipe.trainer.grpo import GRPOTrainer
     from grpo_pipe.trainer.policy import FullFinetunePolicy
 
-    trainer = GRPOTrainer(FullFinetunePolicy(), steps=3, lr=1e-3)
+    trainer = GRPOTrainer(policy=FullFinetunePolicy(), steps=3, lr=1e-3)
     trainer.setup(TinyRandomModel().materialize(), torch.device("cpu"), pad_id=0)
     states = []
     for _ in range(2):

@@ -12,10 +12,10 @@ from typing import Any
 
 import torch
 
-from grpo_pipe.components import Components
 from grpo_pipe.episodes.single_turn import SingleTurn
 from grpo_pipe.rollout.scheduler import SchedulerSettings, StalePolicy
-from grpo_pipe.run_state import RunSettings
+from grpo_pipe.runner.components import Components
+from grpo_pipe.runner.settings import RunSettings
 from grpo_pipe.types import (
     Completion,
     GeneratedBatch,
@@ -279,7 +279,7 @@ def fake_components(
     tmp_path: Path, steps: int = 3, max_staleness: int = 0, stale_policy: StalePolicy = "pace", sync_every: int = 1,
     checkpoints: Callable[[], Any] | None = None,
 ) -> Components:
-    from grpo_pipe.checkpointing import CheckpointManager
+    from grpo_pipe.checkpoint.store import CheckpointManager
 
     store = (checkpoints or CheckpointManager)()
     store.attach(tmp_path)

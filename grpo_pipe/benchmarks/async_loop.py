@@ -22,7 +22,7 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 
 from grpo_pipe.config.sources import CONF_DIR
-from grpo_pipe.pipeline import JobContext, run
+from grpo_pipe.runner.pipeline import JobContext, run
 
 
 def run_variant(overrides: list[str], staleness: int, steps: int, out: Path, in_flight: bool = True) -> dict[str, Any]:

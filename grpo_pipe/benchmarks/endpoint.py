@@ -107,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     engine = instantiate(cfg.rollout, _convert_="all")
     engine.connect(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    endpoint = EngineEndpoint(engine, ServedModel("bench", tokenizer, engine.max_model_len, len(tokenizer),
+    endpoint = EngineEndpoint(engine=engine, model=ServedModel("bench", tokenizer, engine.max_model_len, len(tokenizer),
                                                   default_max_tokens=args.max_tokens))
     try:
         endpoint.start()

@@ -39,11 +39,11 @@ from grpo_pipe.benchmarks.curves import Curve, Marks, Snapshot, minutes_to_reach
 from grpo_pipe.benchmarks.hf_engine import HFEngine
 from grpo_pipe.benchmarks.trl_job import render_text, scored_completion, train_peer
 from grpo_pipe.benchmarks.trl_tools import ToolEpisodeRunner
-from grpo_pipe.components import Components, build
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.interfaces import EpisodeRunner, Reward
-from grpo_pipe.recipe import GRPORecipe
+from grpo_pipe.runner.components import Components, build
+from grpo_pipe.runner.recipe import GRPORecipe
 from grpo_pipe.types import RewardOutput, RolloutGroup, SamplingSettings, Task
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def train_ours(parts: Components, cfg: DictConfig, budget_s: float, every_s: flo
                max_steps: int | None = None) -> Curve:
     """Our recipe under the budget, a snapshot of the policy at each mark (clock stopped while writing)."""
     started = time.perf_counter()
-    recipe = GRPORecipe(parts, OmegaConf.to_yaml(cfg), out)
+    recipe = GRPORecipe(parts=parts, config_yaml=OmegaConf.to_yaml(cfg), output_dir=out)
     try:
         recipe.setup()
         write = snapshot_writer(parts, out / "ours")

@@ -36,9 +36,9 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from grpo_pipe.config.sources import CONF_DIR
-from grpo_pipe.pipeline import JobContext, build, run
-from grpo_pipe.prompts import render_prompt
+from grpo_pipe.data.prompts import render_prompt
 from grpo_pipe.rollout.engine_options import memory_options
+from grpo_pipe.runner.pipeline import JobContext, build, run
 from grpo_pipe.types import SamplingSettings
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ def end_to_end(overrides: Sequence[str], prompts: int, samples: int, max_tokens:
                        f"run.max_new_tokens={max_tokens}", "run.eval_size=1", "run.eval_max_new_tokens=1",
                        "run.eval_every=0"])
     with tempfile.TemporaryDirectory(prefix="grpo_pipe-rollout-bench-") as out:
-        from grpo_pipe import progress
+        from grpo_pipe.runner import progress
 
         original = progress.StepProgress.update
 

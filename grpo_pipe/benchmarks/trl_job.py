@@ -14,12 +14,12 @@ from omegaconf import DictConfig
 
 from grpo_pipe.benchmarks.curves import Curve, Snapshot
 from grpo_pipe.benchmarks.trl_tools import ToolEpisodeRunner, episode_log, tool_peer
-from grpo_pipe.components import Components
 from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.data.prompts import chat_messages
 from grpo_pipe.episodes.tool_episodes import CallFormat
 from grpo_pipe.interfaces import EpisodeRunner, Reward
-from grpo_pipe.prompts import chat_messages
-from grpo_pipe.step_metrics import sample_rows
+from grpo_pipe.runner.components import Components
+from grpo_pipe.runner.step_metrics import sample_rows
 from grpo_pipe.types import Completion, EpisodeLog, RequestTelemetry, RolloutGroup, Task
 
 log = logging.getLogger(__name__)

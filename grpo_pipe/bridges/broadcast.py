@@ -64,6 +64,7 @@ class _Call:
 class BroadcastBridge:
     def __init__(
         self,
+        *,
         sync_every: int = 1,
         backend: Literal["auto", "gloo", "nccl"] = "auto",
         bucket_mb: int = 256,

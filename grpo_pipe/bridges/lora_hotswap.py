@@ -27,7 +27,6 @@ from typing import Any, Protocol
 
 import torch
 
-from grpo_pipe import env
 from grpo_pipe.bridges.collective import plan_buckets
 from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.shared_memory import SharedBuckets, map_buckets
@@ -36,6 +35,7 @@ from grpo_pipe.interfaces import AdapterEngine, AdapterPolicy, MemoryAdapterEngi
 from grpo_pipe.models.files import folder_bytes, replace_atomically
 from grpo_pipe.rollout import worker_adapters
 from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
+from grpo_pipe.runtime import env
 from grpo_pipe.types import SyncStats
 
 TRANSPORTS = ("auto", "memory", "folder")
@@ -109,7 +109,7 @@ class FolderTransport:
 
 
 class LoraHotSwapBridge:
-    def __init__(self, sync_every: int = 1, max_lora_rank: int = 16, max_loras: int = 2, transport: str = "auto") -> None:
+    def __init__(self, *, sync_every: int = 1, max_lora_rank: int = 16, max_loras: int = 2, transport: str = "auto") -> None:
         if max_loras < 2:
             raise ConfigError([f"weight_bridge.max_loras={max_loras}: must be >= 2 (the old and the new adapter)"])
         if transport not in TRANSPORTS:

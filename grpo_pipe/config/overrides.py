@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import difflib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
@@ -115,12 +115,11 @@ def _unknown(key: str, choices: list[str]) -> str:
     return f"{key}: unknown key{hint}{allowed}"
 
 
-def problems_beside(args: Sequence[str], found: Sequence[str]) -> list[str]:
+def problems_beside(args: Sequence[str], found: Sequence[str], build: Callable[[DictConfig], object]) -> list[str]:
     """The value and combination problems of the config composed without the overrides `found` already names, so
-    that one command's mistakes are all reported at once, not one kind per try. Empty for a sweep or another mode
-    (each job's config differs: Hydra composes them one by one) and when the rest does not compose."""
-    from grpo_pipe.components import build
-
+    that one command's mistakes are all reported at once, not one kind per try. `build` is the runner's own check
+    of a composed config (the runner sits above this package). Empty for a sweep or another mode (each job's config
+    differs: Hydra composes them one by one) and when the rest does not compose."""
     if any(a.startswith("-") or _is_sweep(a) for a in args):
         return []
     named = {problem.split(":", 1)[0].split("=", 1)[0] for problem in found}

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 class KdeBucketCurriculum:
     def __init__(
         self,
+        *,
         prompts_per_step: int = 8,
         samples_per_prompt: int = 4,
         alpha: float = 1.5,

@@ -49,6 +49,7 @@ class ArithmeticTasks:
 
     def __init__(
         self,
+        *,
         terms: int = 4,
         min_digits: int = 2,
         max_digits: int = 3,

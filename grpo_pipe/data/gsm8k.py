@@ -58,6 +58,7 @@ class Gsm8kTasks:
 
     def __init__(
         self,
+        *,
         path: str | None = None,
         hub_id: str = "openai/gsm8k",
         train_file: str = "train.jsonl",

@@ -28,6 +28,7 @@ class HfDatasetTasks(RowTaskSource):
 
     def __init__(
         self,
+        *,
         name: str,
         config_name: str | None = None,
         revision: str | None = None,
@@ -45,8 +46,9 @@ class HfDatasetTasks(RowTaskSource):
         system_prompt: str = "",
         max_bad_fraction: float = 0.0,
     ) -> None:
-        super().__init__(row_format(prompt_key, answer_key, metadata_keys, answer_after, max_prompt_chars),
-                         eval_fraction, seed, max_train, max_eval, system_prompt, max_bad_fraction)
+        super().__init__(row_format=row_format(prompt_key, answer_key, metadata_keys, answer_after, max_prompt_chars),
+                         eval_fraction=eval_fraction, seed=seed, max_train=max_train, max_eval=max_eval,
+                         system_prompt=system_prompt, max_bad_fraction=max_bad_fraction)
         self.name = name  # a hub id "org/name" or a local folder
         self.config_name = config_name
         self.revision = revision

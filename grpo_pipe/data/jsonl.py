@@ -27,6 +27,7 @@ class JsonlTasks(RowTaskSource):
 
     def __init__(
         self,
+        *,
         train_path: str,
         eval_path: str | None = None,
         eval_fraction: float = 0.1,
@@ -41,8 +42,9 @@ class JsonlTasks(RowTaskSource):
         system_prompt: str = "",
         max_bad_fraction: float = 0.0,
     ) -> None:
-        super().__init__(row_format(prompt_key, answer_key, metadata_keys, answer_after, max_prompt_chars),
-                         eval_fraction, seed, max_train, max_eval, system_prompt, max_bad_fraction)
+        super().__init__(row_format=row_format(prompt_key, answer_key, metadata_keys, answer_after, max_prompt_chars),
+                         eval_fraction=eval_fraction, seed=seed, max_train=max_train, max_eval=max_eval,
+                         system_prompt=system_prompt, max_bad_fraction=max_bad_fraction)
         self.train_path = train_path
         self.eval_path = eval_path
 

@@ -22,6 +22,7 @@ class ReasoningGymTasks:
 
     def __init__(
         self,
+        *,
         task: str = "basic_arithmetic",
         train_size: int = 2000,
         eval_size: int = 100,

@@ -149,7 +149,7 @@ class RowTaskSource:
     A source reads its rows in `read_splits`; everything else is here, once."""
 
     def __init__(
-        self, row_format: RowFormat, eval_fraction: float, seed: int, max_train: int | None, max_eval: int | None,
+        self, *, row_format: RowFormat, eval_fraction: float, seed: int, max_train: int | None, max_eval: int | None,
         system_prompt: str, max_bad_fraction: float,
     ) -> None:
         self.format = row_format

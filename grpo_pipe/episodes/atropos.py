@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 class AtroposEnvironment:
     """Atropos environments as the run's source of scored groups (see the module docstring)."""
 
-    def __init__(self, environments: Sequence[Sequence[str]] = (), api_url: str | None = None,
+    def __init__(self, *, environments: Sequence[Sequence[str]] = (), api_url: str | None = None,
                  groups_per_step: int = 32, group_size: int = 8, batch_timeout_s: float = 600.0,
                  max_restarts: int = 3, model_name: str = "grpo_pipe", poll_s: float = 0.5,
                  report_every_s: float = 30.0, eval_every: int | None = None) -> None:
@@ -108,27 +108,29 @@ class AtroposEnvironment:
             raise RuntimeError("environment used before setup()")
         served = ServedModel(self.model_name, self._tokenizer, engine.max_model_len, len(self._tokenizer),
                              default_max_tokens=sampling.max_tokens)
-        endpoint = EngineEndpoint(engine, served)
+        endpoint = EngineEndpoint(engine=engine, model=served)
         endpoint.start()
         endpoint.pause()  # the engine is the run's until the first `take` waits for a batch
         self._closers.append(endpoint.stop)
         url = self.api_url or self._start_server(log_dir)
-        api = AtroposApi(url, Registration(batch_size=self.groups_per_step * self.group_size,
+        api = AtroposApi(url=url, registration=Registration(batch_size=self.groups_per_step * self.group_size,
                                            max_token_len=engine.max_model_len,
                                            num_steps=total_steps), poll_s=self.poll_s,
                          report_every_s=self.report_every_s)
         self._closers.append(api.close)
         api.register()
-        processes = EnvironmentProcesses(self.environments, self._connection(endpoint, url), log_dir,
-                                         self.max_restarts, env={"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+        processes = EnvironmentProcesses(commands=self.environments, connection=self._connection(endpoint, url),
+                                         log_dir=log_dir, max_restarts=self.max_restarts,
+                                         env={"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
         self._closers.append(processes.stop)
         # The engine may serve the environments while the trainer trains only where its calls are serialised on its
         # own thread (the batcher's, held-out evaluation's, weight syncs') and a group may be a version behind.
         overlap = max_staleness >= 1 and isinstance(engine, GeneratesInBackground) and bool(engine.background)
         evaluations = EnvironmentEvaluations([processes.evaluations_dir(i) for i in range(len(self.environments))])
-        source = AtroposSource(api, endpoint, processes, Limits(len(self._tokenizer), engine.max_model_len,
-                                                                 sampling.temperature), max_staleness,
-                               self.batch_timeout_s, overlap=overlap, evaluations=evaluations)
+        limits = Limits(len(self._tokenizer), engine.max_model_len, sampling.temperature)
+        source = AtroposSource(api=api, endpoint=endpoint, processes=processes, limits=limits,
+                               max_staleness=max_staleness, timeout_s=self.batch_timeout_s, overlap=overlap,
+                               evaluations=evaluations)
         source.open_intake()
         processes.start()
         return source
@@ -162,7 +164,7 @@ class AtroposEnvironment:
 class AtroposSource:
     """The recipe's `RolloutSource` for Atropos: each `take` is one batch pulled from the API server."""
 
-    def __init__(self, api: AtroposApi, endpoint: EngineEndpoint, processes: EnvironmentProcesses, limits: Limits,
+    def __init__(self, *, api: AtroposApi, endpoint: EngineEndpoint, processes: EnvironmentProcesses, limits: Limits,
                  max_staleness: int, timeout_s: float, overlap: bool = False,
                  evaluations: EnvironmentEvaluations | None = None) -> None:
         self.api, self.endpoint, self.processes, self.limits = api, endpoint, processes, limits

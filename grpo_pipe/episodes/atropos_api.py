@@ -54,7 +54,7 @@ class Registration:
 class AtroposApi:
     """A trainer registered with one Atropos API server."""
 
-    def __init__(self, url: str, registration: Registration, poll_s: float = 0.5, report_every_s: float = 30.0,
+    def __init__(self, *, url: str, registration: Registration, poll_s: float = 0.5, report_every_s: float = 30.0,
                  stop: threading.Event | None = None) -> None:
         self.url = url.rstrip("/")
         self.registration = registration
@@ -176,7 +176,7 @@ class EnvironmentProcesses:
     the endpoint, its token, the tokenizer and the API server are; one that dies is restarted up to `max_restarts`
     times in all (counted), then the run stops with its log's last lines."""
 
-    def __init__(self, commands: Sequence[Sequence[str]], connection: Sequence[str], log_dir: Path,
+    def __init__(self, *, commands: Sequence[Sequence[str]], connection: Sequence[str], log_dir: Path,
                  max_restarts: int = 3, env: Mapping[str, str] | None = None) -> None:
         self.commands = [list(c) for c in commands]
         self.connection = list(connection)  # flags every process gets after its own (the run's endpoint and API)

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from grpo_pipe.data.prompts import render_prompt
 from grpo_pipe.interfaces import PendingRollout, RolloutEngine
-from grpo_pipe.prompts import render_prompt
 from grpo_pipe.types import Completion, SamplingSettings, Task
 
 

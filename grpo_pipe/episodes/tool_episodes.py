@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.data.prompts import chat_messages
 from grpo_pipe.episodes.call_formats import ParsedTurn, TagCalls
 from grpo_pipe.episodes.calling import Call, ToolResult, call_all
 from grpo_pipe.episodes.chat_glue import ChatGlue
@@ -37,8 +38,7 @@ from grpo_pipe.episodes.toolbox import (
     tool_schema,
 )
 from grpo_pipe.interfaces import PendingRollout, RolloutEngine
-from grpo_pipe.prompts import chat_messages
-from grpo_pipe.stopping import GenerationInterrupted
+from grpo_pipe.runtime.stopping import GenerationInterrupted
 from grpo_pipe.types import Completion, EpisodeLog, GeneratedBatch, RequestTelemetry, SamplingSettings, Task, Turn, derive_seed
 
 log = logging.getLogger(__name__)
@@ -92,6 +92,7 @@ class ToolEpisodes:
 
     def __init__(
         self,
+        *,
         tools: Sequence[str] | None = None,
         tool_options: Mapping[str, Mapping[str, Any]] | None = None,
         environment_class: str | None = None,

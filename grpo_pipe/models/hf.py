@@ -14,11 +14,11 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from grpo_pipe import env
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.models.cache import build_once
 from grpo_pipe.models.custom_code import runs_custom_code
 from grpo_pipe.models.folder import FolderModelSource
+from grpo_pipe.runtime import env
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +32,7 @@ class HfModel(FolderModelSource):
 
     def __init__(
         self,
+        *,
         path: str,
         revision: str | None = None,
         dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto",

@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from grpo_pipe import env
 from grpo_pipe.models.cache import build_once
 from grpo_pipe.models.folder import FolderModelSource
 from grpo_pipe.models.tiny_random import TinyRandomModel
+from grpo_pipe.runtime import env
 
 # Qwen2.5 architecture numbers from the published configs.
 QWEN25: dict[str, dict[str, Any]] = {  # Qwen2Config fields

@@ -12,9 +12,9 @@ import logging
 from pathlib import Path
 from typing import Literal
 
-from grpo_pipe import env
 from grpo_pipe.models.cache import build_once
 from grpo_pipe.models.folder import FolderModelSource
+from grpo_pipe.runtime import env
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,7 @@ class GgufOrHubModel(FolderModelSource):
 
     def __init__(
         self,
+        *,
         hub_id: str = "HuggingFaceTB/SmolLM2-135M-Instruct",
         source: Literal["auto", "hub", "gguf"] = "auto",
         gguf_package: str = GGUF_PACKAGE,

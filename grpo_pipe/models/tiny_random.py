@@ -11,10 +11,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe import env
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.models.cache import build_once
 from grpo_pipe.models.folder import FolderModelSource
+from grpo_pipe.runtime import env
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -41,6 +41,7 @@ class TinyRandomModel(FolderModelSource):
 
     def __init__(
         self,
+        *,
         hidden_size: int = 128,
         num_layers: int = 2,
         num_heads: int = 4,

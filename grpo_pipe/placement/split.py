@@ -34,6 +34,7 @@ class SplitPlacement:
 
     def __init__(
         self,
+        *,
         num_engines: int = 1,
         engine_cpus: int = 1,
         engine_gpus: int = 1,

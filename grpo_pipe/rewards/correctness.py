@@ -18,7 +18,7 @@ class CorrectnessReward:
     """
 
     def __init__(
-        self, correct: float = 1.0, wrong: float = 0.0, unparsable: float = 0.0, verifier: Verifier | None = None
+        self, *, correct: float = 1.0, wrong: float = 0.0, unparsable: float = 0.0, verifier: Verifier | None = None
     ) -> None:
         self.verifier = verifier or BuiltinVerifier()
         self.correct = correct

@@ -76,6 +76,7 @@ class InferenceAwareReward:
 
     def __init__(
         self,
+        *,
         task_score: Reward,
         latency_weight: float = 0.001,
         token_weight: float = 0.001,

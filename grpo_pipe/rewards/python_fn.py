@@ -43,7 +43,7 @@ PLACEHOLDER = "The answer is 0."  # the completion a function is tried on before
 class PythonFunctionReward:
     """Calls `fn` once per step on every completion; its values are the reward."""
 
-    def __init__(self, fn: str, name: str | None = None, none_value: float = 0.0, success_at: float | None = 1.0,
+    def __init__(self, *, fn: str, name: str | None = None, none_value: float = 0.0, success_at: float | None = 1.0,
                  completions: CompletionShape = "auto") -> None:
         if completions not in ("auto", "text", "messages"):
             raise ConfigError([f"reward.completions={completions!r}: allowed: auto (messages where the prompt is chat "

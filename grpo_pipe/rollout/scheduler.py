@@ -26,10 +26,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
+from grpo_pipe.data.prompts import a_few, cut_to
 from grpo_pipe.episodes.single_turn import SingleTurn
 from grpo_pipe.interfaces import EpisodeRunner, PendingRollout, RolloutEngine
-from grpo_pipe.prompts import a_few, cut_to
-from grpo_pipe.stopping import GenerationInterrupted
+from grpo_pipe.runtime.stopping import GenerationInterrupted
 from grpo_pipe.types import Ledger, RolloutGroup, SamplingSettings, TakenBatch, Task, derive_seed
 
 StalePolicy = Literal["pace", "drop"]
@@ -72,7 +72,7 @@ class SchedulerSettings:
               render: Callable[[Task], tuple[int, ...]], sampling: SamplingSettings, *, total_steps: int,
               prompt_limit: int | None, overlong_prompts: Literal["skip", "truncate"],
               episodes: EpisodeRunner) -> RolloutScheduler:
-        return RolloutScheduler(engine, next_batch, render, sampling, total_steps=total_steps,
+        return RolloutScheduler(engine=engine, next_batch=next_batch, render=render, sampling=sampling, total_steps=total_steps,
                                 max_staleness=self.max_staleness, stale_policy=self.stale_policy,
                                 prompt_limit=prompt_limit, overlong_prompts=overlong_prompts, episodes=episodes)
 
@@ -83,11 +83,11 @@ class RolloutScheduler:
 
     def __init__(
         self,
+        *,
         engine: RolloutEngine,
         next_batch: Callable[[], list[tuple[Task, int]]],
         render: Callable[[Task], tuple[int, ...]],
         sampling: SamplingSettings,
-        *,
         total_steps: int,
         max_staleness: int,
         stale_policy: StalePolicy,

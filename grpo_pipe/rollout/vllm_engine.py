@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from grpo_pipe import env
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.dtypes import DTYPES, DtypeName
 from grpo_pipe.rollout import vllm_fixes
@@ -33,6 +32,7 @@ from grpo_pipe.rollout.sampling_params import needs_text
 from grpo_pipe.rollout.telemetry import completions_of
 from grpo_pipe.rollout.worker_extension import ENGINE_OWN_CALLS
 from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head, reload_in_process
+from grpo_pipe.runtime import env
 from grpo_pipe.types import Completion, GeneratedBatch, SamplingSettings
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ class VllmEngine:
 
     def __init__(
         self,
+        *,
         dtype: DtypeName = "auto",
         max_model_len: int = 1024,
         kv_cache_gib: float = 1.0,

@@ -59,7 +59,7 @@ class Request:
 class RequestBatcher:
     """Feeds the engine from a queue of single requests, one batched call per round and sampling key."""
 
-    def __init__(self, engine: RolloutEngine, max_prompts_per_call: int = 1024, served: ServedLog | None = None,
+    def __init__(self, *, engine: RolloutEngine, max_prompts_per_call: int = 1024, served: ServedLog | None = None,
                  gather_s: float = 0.02) -> None:
         self.engine = engine
         self.gather_s = gather_s  # how long a round waits for the rest of a burst before its engine call

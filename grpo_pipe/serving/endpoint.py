@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 class EngineEndpoint:
     """Serves `engine` over HTTP while it runs; `start()` returns once the port answers, `stop()` within seconds."""
 
-    def __init__(self, engine: RolloutEngine, model: ServedModel, host: str = "127.0.0.1", port: int = 0,
+    def __init__(self, *, engine: RolloutEngine, model: ServedModel, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, allow_remote: bool = False, request_timeout_s: float = 600.0) -> None:
         if not allow_remote and not _is_loopback(host):
             raise ConfigError([f"endpoint host {host!r} is not a loopback address: the engine would answer other "
@@ -43,7 +43,7 @@ class EngineEndpoint:
         return f"http://{self.host}:{self.port}/v1"
 
     def start(self, ready_timeout_s: float = 30.0) -> None:
-        self.batcher = RequestBatcher(self.engine, served=self.served)
+        self.batcher = RequestBatcher(engine=self.engine, served=self.served)
         app = build_app(self.batcher, self.model, self.token, self.request_timeout_s)
         config = uvicorn.Config(app, host=self.host, port=self.port, log_level="warning", access_log=False,
                                 lifespan="off")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.env import bound_mlflow_http_waits, mlflow_tracking_uri
+from grpo_pipe.runtime.env import bound_mlflow_http_waits, mlflow_tracking_uri
 from grpo_pipe.tracking import mlflow_records as records
 from grpo_pipe.tracking.outbox import PENDING_FILE, UPLOAD_COMMAND, Outbox, store_refused, write_pending
 from grpo_pipe.tracking.run_tags import SWEEP_SPEC_TAG, sweep_run_name
@@ -79,6 +79,7 @@ class MlflowTracker:
 
     def __init__(
         self,
+        *,
         tracking_uri: str | None = None,
         experiment: str = "grpo_pipe",
         artifact_location: str | None = "outputs/mlartifacts",
@@ -143,7 +144,7 @@ class MlflowTracker:
                 "run yet: start the server (or choose another with logger.tracking_uri=..., or logger=none) and run "
                 "the same command again"
             ]) from None
-        self._outbox = Outbox(lambda record: records.send(self._client, self._run(), record), self.tracking_uri,
+        self._outbox = Outbox(send=lambda record: records.send(self._client, self._run(), record), target=self.tracking_uri,
                               max_backoff_s=self.retry_max_s, journal=self.pending_file, journal_header=self._header())
         self._outbox.start()
         self._start_system_metrics(resumed=resume_run_id is not None)

@@ -55,6 +55,7 @@ class Outbox:
 
     def __init__(
         self,
+        *,
         send: Callable[[Record], None],
         target: str,
         first_backoff_s: float = 1.0,

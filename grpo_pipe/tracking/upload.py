@@ -14,7 +14,7 @@ import logging
 import sys
 from pathlib import Path
 
-from grpo_pipe.env import bound_mlflow_http_waits
+from grpo_pipe.runtime.env import bound_mlflow_http_waits
 from grpo_pipe.tracking import mlflow_records as records
 from grpo_pipe.tracking.outbox import read_pending, write_pending
 

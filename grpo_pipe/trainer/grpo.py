@@ -90,6 +90,7 @@ class GRPOTrainer:
 
     def __init__(
         self,
+        *,
         policy: TrainablePolicy,
         loss: PolicyLoss | None = None,
         optimizer: OptimizerFactory | None = None,

@@ -95,6 +95,7 @@ class GRPOLoss:
 
     def __init__(
         self,
+        *,
         aggregation: Aggregation = "sequence_mean",
         normalize_std: bool = True,
         clip_low: float = 0.2,

@@ -94,6 +94,7 @@ class LoraPolicy:
 
     def __init__(
         self,
+        *,
         rank: int = 16,
         alpha: float = 32.0,
         dropout: float = 0.0,

@@ -44,6 +44,7 @@ class ShardedTrainer:
 
     def __init__(
         self,
+        *,
         policy: Any,
         world_size: int = 2,
         compute_dtype: ComputeDtype | None = "auto",
@@ -62,7 +63,7 @@ class ShardedTrainer:
             raise ConfigError(["trainer.compile=true: not with trainer=fsdp (compiling sharded layers is not supported "
                                "here yet); allowed: false, auto (= false for the sharded trainer)"])
         settings["compile"] = False
-        self.template = GRPOTrainer(policy, **_known_settings(settings))  # checks every single-device setting
+        self.template = GRPOTrainer(policy=policy, **_known_settings(settings))  # checks every single-device setting
         self.world_size = world_size
         self.compute_dtype = compute_dtype
         self.cpus_per_rank = cpus_per_rank

@@ -9,7 +9,7 @@ import sys
 
 from mlflow.tracking import MlflowClient
 
-from grpo_pipe.pipeline import JobContext, run
+from grpo_pipe.runner.pipeline import JobContext, run
 from tests.conftest import GSM8K_DIR, REPO, TINY
 
 

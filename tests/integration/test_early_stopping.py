@@ -2,7 +2,7 @@
 
 from mlflow.tracking import MlflowClient
 
-from grpo_pipe.pipeline import JobContext, run
+from grpo_pipe.runner.pipeline import JobContext, run
 
 
 def test_no_improvement_stops_the_run_and_keeps_a_checkpoint(compose_cfg, tmp_path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_pipe.pipeline import JobContext, build, run
+from grpo_pipe.runner.pipeline import JobContext, build, run
 from tests.conftest import REPO
 
 FILE_BLOCK = re.compile(r"```(?:python|yaml)\n# (\S+)\n(.*?)```", re.S)

@@ -8,7 +8,7 @@ import logging
 import pytest
 from mlflow.tracking import MlflowClient
 
-from grpo_pipe.pipeline import JobContext, run
+from grpo_pipe.runner.pipeline import JobContext, run
 from grpo_pipe.types import SyncStats
 from tests.conftest import REPO
 
@@ -67,7 +67,7 @@ class NeverLandsBridge:
 def test_an_engine_that_keeps_old_weights_raises_the_warning_once(compose_cfg, tmp_path, caplog) -> None:
     cfg = compose_cfg([f"weight_bridge._target_={__name__}.NeverLandsBridge", "~weight_bridge.bucket_mb",
                        *MOVING, "trainer.steps=4", "trainer.lr=5e-2"])
-    with caplog.at_level(logging.WARNING, logger="grpo_pipe.step_recorder"):
+    with caplog.at_level(logging.WARNING, logger="grpo_pipe.runner.step_recorder"):
         result = run(cfg, JobContext(output_dir=tmp_path, run_name="stale"))
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     mismatch = [m.value for m in client.get_metric_history(result.run_id, "mismatch/logprob_abs_mean")]

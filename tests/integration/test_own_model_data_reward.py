@@ -9,7 +9,7 @@ from mlflow.tracking import MlflowClient
 
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.models.tiny_random import TinyRandomModel
-from grpo_pipe.pipeline import JobContext, build, run
+from grpo_pipe.runner.pipeline import JobContext, build, run
 
 TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

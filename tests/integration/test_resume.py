@@ -95,7 +95,7 @@ def test_kill_9_then_resume_ends_exactly_like_an_uninterrupted_run(reference, tm
 
 def test_resume_with_a_changed_config_is_refused_before_anything_loads(reference, compose_cfg, tmp_path) -> None:
     from grpo_pipe.config.errors import ConfigError
-    from grpo_pipe.pipeline import JobContext, run
+    from grpo_pipe.runner.pipeline import JobContext, run
 
     ref_dir, _ = reference
     cfg = compose_cfg([f"trainer.steps={STEPS}", "checkpoint.every=1", "reward=inference_aware",
@@ -107,7 +107,7 @@ def test_resume_with_a_changed_config_is_refused_before_anything_loads(reference
 
 
 def test_resuming_a_finished_run_says_so_and_touches_nothing(reference, compose_cfg, tmp_path, caplog) -> None:
-    from grpo_pipe.pipeline import JobContext, run
+    from grpo_pipe.runner.pipeline import JobContext, run
 
     ref_dir, ref_store = reference
     before = {key: _metric(ref_store, ref_dir, key) for key in ("eval/accuracy", "summary/step_s")}

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from grpo_pipe.checkpointing import Checkpoint
+from grpo_pipe.checkpoint.store import Checkpoint
 from tests.conftest import REPO, TINY
 
 _SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
-    from grpo_pipe.stopping import GenerationInterrupted, StopRequest
+    from grpo_pipe.runtime.stopping import GenerationInterrupted, StopRequest
     with StopRequest(grace_s=float(sys.argv[1])) as stop:
         try:
             with stop.interruptible():

@@ -7,7 +7,7 @@ from hydra.utils import instantiate
 
 from grpo_pipe import interfaces
 from grpo_pipe.config.validate import validate_config
-from grpo_pipe.pipeline import PLAIN_KEYS, VALIDATED_GROUPS
+from grpo_pipe.runner.pipeline import PLAIN_KEYS, VALIDATED_GROUPS
 from tests.conftest import CONF
 
 OPTIONS = [

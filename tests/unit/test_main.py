@@ -18,7 +18,7 @@ def test_version_prints_grpo_pipes_version_and_the_engines_and_torchs() -> None:
 def test_the_console_is_plain_unwrapped_lines_when_it_is_not_a_terminal(capsys) -> None:
     import logging
 
-    from grpo_pipe.progress import console_handler
+    from grpo_pipe.runner.progress import console_handler
 
     handler = console_handler()  # pytest's captured stdout is not a terminal
     assert type(handler) is logging.StreamHandler

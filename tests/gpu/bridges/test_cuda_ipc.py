@@ -18,7 +18,7 @@ def test_ipc_matches_a_fresh_engine_and_moves_no_bytes(compose_cfg, tmp_path) ->
 def test_ipc_keeps_one_copy_of_the_weights(compose_cfg) -> None:
     from transformers import AutoTokenizer
 
-    from grpo_pipe.pipeline import build
+    from grpo_pipe.runner.pipeline import build
 
     parts = build(compose_cfg(GPU))
     engine, trainer, bridge = parts.rollout, parts.trainer, parts.weight_bridge

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from grpo_pipe.bridges.contract import push_weights
-from grpo_pipe.pipeline import build
+from grpo_pipe.runner.pipeline import build
 from grpo_pipe.types import SamplingSettings
 from tests.bridge_equality import GREEDY, divergence, fresh_greedy, greedy, train_sync_and_compare
 

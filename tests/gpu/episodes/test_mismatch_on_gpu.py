@@ -12,7 +12,7 @@ import statistics
 import pytest
 from mlflow.tracking import MlflowClient
 
-from grpo_pipe.pipeline import JobContext, run
+from grpo_pipe.runner.pipeline import JobContext, run
 
 # Short and small: 6 steps of 8 tasks x 8 episodes, a small final evaluation; the engine's share of the card kept low.
 COMMON = ["experiment=calculator", "trainer.steps=6", "run.max_minutes=null", "run.eval_every=0", "run.eval_size=8",

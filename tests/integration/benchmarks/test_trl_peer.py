@@ -12,9 +12,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerControl, Tr
 
 from grpo_pipe.benchmarks import trl_peer
 from grpo_pipe.benchmarks.trl_peer import PeerSettings, Snapshot, WallClockBudget, correctness_reward, train_trl
+from grpo_pipe.data.prompts import chat_messages
 from grpo_pipe.data.reasoning_gym import ReasoningGymTasks
 from grpo_pipe.models.tiny_random import TinyRandomModel
-from grpo_pipe.prompts import chat_messages
 
 SYSTEM = "Put the final number on the last line."
 

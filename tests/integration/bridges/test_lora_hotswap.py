@@ -8,7 +8,7 @@ from grpo_pipe.bridges.contract import push_weights
 from grpo_pipe.bridges.lora_hotswap import LoraHotSwapBridge
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import AdapterEngine, MemoryAdapterEngine
-from grpo_pipe.pipeline import build
+from grpo_pipe.runner.pipeline import build
 from grpo_pipe.types import SamplingSettings
 from tests.bridge_equality import train_sync_and_compare
 

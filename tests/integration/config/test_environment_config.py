@@ -3,7 +3,7 @@
 import pytest
 
 from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.pipeline import build
+from grpo_pipe.runner.pipeline import build
 
 TOOLS = "tests/fixtures/tools"
 

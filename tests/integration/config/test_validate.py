@@ -8,7 +8,7 @@ import time
 import pytest
 
 from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.pipeline import VALIDATED_GROUPS, build
+from grpo_pipe.runner.pipeline import VALIDATED_GROUPS, build
 from tests.conftest import REPO
 
 

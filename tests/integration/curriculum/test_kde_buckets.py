@@ -2,7 +2,7 @@
 
 from mlflow.tracking import MlflowClient
 
-from grpo_pipe.pipeline import JobContext, run
+from grpo_pipe.runner.pipeline import JobContext, run
 
 
 def test_a_real_run_logs_the_cluster_report_to_mlflow(compose_cfg, tmp_path) -> None:

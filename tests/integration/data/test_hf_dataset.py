@@ -14,7 +14,7 @@ def test_saved_dataset_folder_with_splits_and_metadata(tmp_path: Path) -> None:
         "train": datasets.Dataset.from_dict(rows),
         "validation": datasets.Dataset.from_dict({k: v[:1] for k, v in rows.items()}),
     }).save_to_disk(tmp_path / "ds")
-    data = HfDatasetTasks(str(tmp_path / "ds"), prompt_key="question", eval_split="validation")
+    data = HfDatasetTasks(name=str(tmp_path / "ds"), prompt_key="question", eval_split="validation")
     assert data.config_problems() == []
     assert [(t.question, t.answer, t.metadata["level"]) for t in data.train_tasks()] == [
         ("2+2?", "4", 1), ("3+3?", "6", 2), ("4+4?", "8", 3)
@@ -28,17 +28,17 @@ def test_folder_of_jsonl_files_split_by_file_name_and_held_out_fraction(tmp_path
     lines = [json.dumps({"prompt": f"q{i}", "answer": str(i)}) for i in range(10)]
     lines.append(json.dumps({"prompt": "no answer", "answer": None}))
     (folder / "train.jsonl").write_text("\n".join(lines) + "\n")
-    data = HfDatasetTasks(str(folder), eval_split=None, eval_fraction=0.2, seed=3)
+    data = HfDatasetTasks(name=str(folder), eval_split=None, eval_fraction=0.2, seed=3)
     assert data.config_problems() == []
     assert len(data.train_tasks()) == 8 and len(data.eval_tasks()) == 2 and len(data.skipped) == 1
 
 
 def test_config_problems(tmp_path: Path) -> None:
     datasets.Dataset.from_dict({"question": ["q"], "answer": ["1"]}).save_to_disk(tmp_path / "one")
-    assert HfDatasetTasks(str(tmp_path / "nope")).config_problems() == [
+    assert HfDatasetTasks(name=str(tmp_path / "nope")).config_problems() == [
         f"name='{tmp_path}/nope': no such folder (allowed: a local dataset folder or a hub id 'org/name')"
     ]
-    problems = HfDatasetTasks(str(tmp_path / "one"), eval_split="test").config_problems()
+    problems = HfDatasetTasks(name=str(tmp_path / "one"), eval_split="test").config_problems()
     assert problems == [
         f"prompt_key='prompt': no such column in {tmp_path / 'one'} [train]; columns: answer, question",
         "eval_split='test': no such split in " + str(tmp_path / "one") + "; splits: train",

@@ -58,7 +58,7 @@ def server(tmp_path: Path):
 
 
 def test_the_trainer_pulls_the_groups_an_environment_posted(server: AtroposServer) -> None:
-    api = AtroposApi(server.url, Registration(batch_size=4, max_token_len=64, num_steps=10), poll_s=0.05)
+    api = AtroposApi(url=server.url, registration=Registration(batch_size=4, max_token_len=64, num_steps=10), poll_s=0.05)
     api.register()
     with pytest.raises(NoBatch, match="0 groups queued"):  # asking once lets environments in; nothing posted yet
         api.next_batch(timeout_s=0.2)
@@ -72,7 +72,7 @@ def test_the_trainer_pulls_the_groups_an_environment_posted(server: AtroposServe
 
 
 def test_waiting_is_said_and_ends_at_the_timeout(server: AtroposServer, caplog: pytest.LogCaptureFixture) -> None:
-    api = AtroposApi(server.url, Registration(batch_size=4, max_token_len=64, num_steps=10), poll_s=0.05,
+    api = AtroposApi(url=server.url, registration=Registration(batch_size=4, max_token_len=64, num_steps=10), poll_s=0.05,
                      report_every_s=0.2)
     api.register()
     with caplog.at_level(logging.WARNING), pytest.raises(NoBatch, match="are the environment processes running"):
@@ -86,7 +86,7 @@ def test_waiting_is_said_and_ends_at_the_timeout(server: AtroposServer, caplog: 
 
 
 def test_a_restarted_server_is_registered_with_again_and_the_run_goes_on(server: AtroposServer) -> None:
-    api = AtroposApi(server.url, Registration(batch_size=2, max_token_len=64, num_steps=10), poll_s=0.05)
+    api = AtroposApi(url=server.url, registration=Registration(batch_size=2, max_token_len=64, num_steps=10), poll_s=0.05)
     api.register()
     server.stop()
     pulled: list[Any] = []
@@ -102,7 +102,8 @@ def test_a_restarted_server_is_registered_with_again_and_the_run_goes_on(server:
 def test_an_environment_process_that_exits_is_restarted_then_the_run_stops_with_its_log(tmp_path: Path) -> None:
     script = tmp_path / "dies.py"
     script.write_text("import sys\nprint('environment failing: no tokenizer', flush=True)\nsys.exit(3)\n")
-    processes = EnvironmentProcesses([[str(script), "serve"]], ["--env.x", "1"], tmp_path / "logs", max_restarts=2)
+    processes = EnvironmentProcesses(commands=[[str(script), "serve"]], connection=["--env.x", "1"],
+                                     log_dir=tmp_path / "logs", max_restarts=2)
     processes.start()
     try:
         for restarts in (1, 2):

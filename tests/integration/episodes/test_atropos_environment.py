@@ -32,7 +32,7 @@ def endpoint() -> Iterator[EngineEndpoint]:
     engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25)
     engine.connect(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    endpoint = EngineEndpoint(engine, ServedModel("tiny", tokenizer, engine.max_model_len, len(tokenizer)))
+    endpoint = EngineEndpoint(engine=engine, model=ServedModel("tiny", tokenizer, engine.max_model_len, len(tokenizer)))
     try:
         endpoint.start()
         yield endpoint
@@ -58,7 +58,7 @@ def test_an_atropos_environment_feeds_the_trainer_the_engines_own_tokens(endpoin
     server.start()
     environment = None
     try:
-        api = AtroposApi(server.url, Registration(batch_size=4, max_token_len=64, num_steps=10), poll_s=0.1)
+        api = AtroposApi(url=server.url, registration=Registration(batch_size=4, max_token_len=64, num_steps=10), poll_s=0.1)
         api.register()
         with pytest.raises(NoBatch):  # the first ask starts the server's intake; nothing was posted yet
             api.next_batch(timeout_s=0.1)
@@ -91,7 +91,7 @@ def test_a_run_trains_on_an_atropos_environments_groups(compose_cfg, tmp_path: P
     steps on the groups it posts (every trained token one the engine served, or the group is refused), and leaves
     no process behind. With max_staleness=1 the endpoint stays open while the trainer trains: the environments'
     engine calls, held-out evaluation and the weight syncs share the engine's own thread."""
-    from grpo_pipe.pipeline import JobContext, run
+    from grpo_pipe.runner.pipeline import JobContext, run
 
     cfg = compose_cfg(["environment=atropos", "reward=environment", f"environment.environments=[[{ENVIRONMENT},serve]]",
                        "environment.report_every_s=5", "run.eval_size=2",

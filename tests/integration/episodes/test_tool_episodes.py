@@ -16,8 +16,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_pipe.episodes.tool_episodes import ToolEpisodes
 from grpo_pipe.models.tiny_random import TinyRandomModel
-from grpo_pipe.pipeline import JobContext, run
 from grpo_pipe.rollout.vllm_engine import VllmEngine
+from grpo_pipe.runner.pipeline import JobContext, run
 from grpo_pipe.types import SamplingSettings, Task
 from tests.engine_scoring import engine_logprobs
 from tests.fixtures.call_formats import EveryTurnCalls

@@ -22,17 +22,17 @@ def _chat(folder: Path) -> str:
 
 def test_local_folder_is_used_as_is() -> None:
     folder = TinyRandomModel().materialize()
-    model = HfModel(str(folder))
+    model = HfModel(path=str(folder))
     assert model.config_problems() == [] and model.materialize() == folder.resolve()
 
 
 def test_chat_template_override_inline_or_from_a_file_leaves_the_source_alone(tmp_path: Path) -> None:
     folder = TinyRandomModel().materialize()
     original = _chat(folder)
-    inline = HfModel(str(folder), chat_template=TEMPLATE).materialize()
+    inline = HfModel(path=str(folder), chat_template=TEMPLATE).materialize()
     assert inline != folder and _chat(inline) == "[user] hi\n[assistant] "
     (tmp_path / "t.jinja").write_text(TEMPLATE.replace("[assistant]", "[bot]"))
-    from_file = HfModel(str(folder), chat_template=str(tmp_path / "t.jinja"), dtype="bfloat16").materialize()
+    from_file = HfModel(path=str(folder), chat_template=str(tmp_path / "t.jinja"), dtype="bfloat16").materialize()
     assert _chat(from_file) == "[user] hi\n[bot] "
     assert json.loads((from_file / "config.json").read_text())["dtype"] == "bfloat16"
     assert (from_file / "model.safetensors").resolve() == (folder / "model.safetensors").resolve()  # linked, not copied
@@ -41,22 +41,22 @@ def test_chat_template_override_inline_or_from_a_file_leaves_the_source_alone(tm
 
 def test_config_problems(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    assert HfModel(str(tmp_path / "nope")).config_problems() == [
+    assert HfModel(path=str(tmp_path / "nope")).config_problems() == [
         f"path='{tmp_path}/nope': no such folder (allowed: a local model folder or a hub id 'org/name')"
     ]
-    assert HfModel(str(tmp_path / "empty")).config_problems() == [
+    assert HfModel(path=str(tmp_path / "empty")).config_problems() == [
         f"path='{tmp_path}/empty': the folder has no config.json (not a Hugging Face model folder)"
     ]
     folder = TinyRandomModel().materialize()
-    assert HfModel(str(folder), chat_template="missing.jinja").config_problems() == [
+    assert HfModel(path=str(folder), chat_template="missing.jinja").config_problems() == [
         "chat_template='missing.jinja': no such file (a .jinja file or an inline template)"
     ]
     custom = tmp_path / "custom"
     custom.mkdir()
     (custom / "config.json").write_text(json.dumps({"auto_map": {"AutoModelForCausalLM": "m.M"}}))
-    (problem,) = HfModel(str(custom)).config_problems()
+    (problem,) = HfModel(path=str(custom)).config_problems()
     assert "custom code" in problem and "model.trust_remote_code=true" in problem
-    assert HfModel(str(custom), trust_remote_code=True).config_problems() == []
+    assert HfModel(path=str(custom), trust_remote_code=True).config_problems() == []
 
 
 _CUSTOM_CONFIG = '''from transformers import Qwen2Config
@@ -91,8 +91,8 @@ def test_a_folder_with_its_own_model_code_loads_in_the_trainer_and_tokenizer_onc
         "AutoConfig": "configuration_short.ShortConfig", "AutoModelForCausalLM": "modeling_short.ShortForCausalLM"})
     (folder / "config.json").write_text(json.dumps(config))
 
-    assert HfModel(str(folder)).config_problems()  # refused until trusted ...
-    source = HfModel(str(folder), trust_remote_code=True)
+    assert HfModel(path=str(folder)).config_problems()  # refused until trusted ...
+    source = HfModel(path=str(folder), trust_remote_code=True)
     assert source.config_problems() == []
     path = source.materialize()
     assert loader_options(path) == {"trust_remote_code": True}  # ... then every loader is told

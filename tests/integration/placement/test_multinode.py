@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from grpo_pipe.components import Components
 from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.pipeline import JobContext, build, run
 from grpo_pipe.placement.resources import gpu_problems
 from grpo_pipe.rollout.ray_engine import _shares
+from grpo_pipe.runner.components import Components
+from grpo_pipe.runner.pipeline import JobContext, build, run
 from tests.bridge_equality import train_sync_and_compare
 
 SCALE_OUT = ["placement=split", "trainer=fsdp", "trainer.world_size=2", "weight_bridge=nccl", "placement.num_engines=2"]
@@ -178,7 +178,7 @@ def test_a_node_that_dies_under_a_trainer_rank_stops_the_run_at_once_with_its_la
 ) -> None:
     from mlflow.tracking import MlflowClient
 
-    from grpo_pipe.checkpointing import Checkpoint
+    from grpo_pipe.checkpoint.store import Checkpoint
     from grpo_pipe.trainer.errors import TrainerLost
 
     cfg = compose_cfg(["placement=split", "trainer=fsdp", "trainer.world_size=2", "weight_bridge=nccl",

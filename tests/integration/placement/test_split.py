@@ -14,7 +14,7 @@ from transformers import AutoTokenizer
 
 from grpo_pipe.bridges.contract import push_weights
 from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.pipeline import JobContext, build, run
+from grpo_pipe.runner.pipeline import JobContext, build, run
 from grpo_pipe.types import SamplingSettings
 from tests.bridge_equality import train_sync_and_compare
 

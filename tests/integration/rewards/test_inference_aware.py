@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from grpo_pipe.models.tiny_random import TinyRandomModel
-from grpo_pipe.pipeline import build
 from grpo_pipe.rewards.correctness import CorrectnessReward
 from grpo_pipe.rewards.inference_aware import TERMS, InferenceAwareReward, read_kv_shape
 from grpo_pipe.rollout.vllm_engine import VllmEngine
+from grpo_pipe.runner.pipeline import build
 from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, SamplingSettings, Task
 
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}

@@ -58,7 +58,7 @@ def _groups() -> list[RolloutGroup]:
 
 
 def test_function_gets_columns_per_completion_and_none_counts_as_none_value() -> None:
-    reward = PythonFunctionReward(f"{__name__}:record_and_score", none_value=-1.0, success_at=1.0, completions="text")
+    reward = PythonFunctionReward(fn=f"{__name__}:record_and_score", none_value=-1.0, success_at=1.0, completions="text")
     out = reward(_groups())
     assert out.values == pytest.approx([1.1, 0.1, 1.2, -1.0])
     assert out.correct == [True, False, True, False]
@@ -75,11 +75,11 @@ def conversational(completions, answer, **_):
 
 def test_completions_are_message_lists_where_the_prompt_is_chat_messages_as_in_trl() -> None:
     text_prompt, chat_prompt = _groups()
-    assert PythonFunctionReward(f"{__name__}:conversational")([chat_prompt]).values == [1.0, 0.0]
+    assert PythonFunctionReward(fn=f"{__name__}:conversational")([chat_prompt]).values == [1.0, 0.0]
     with pytest.raises(RewardFunctionError, match="raised TypeError"):  # text prompt, text completions, as in TRL
-        PythonFunctionReward(f"{__name__}:conversational")([text_prompt])
-    assert PythonFunctionReward(f"{__name__}:conversational", completions="messages")([text_prompt]).values == [1.0, 0.0]
-    assert PythonFunctionReward(f"{__name__}:trl_accuracy", completions="text")([chat_prompt]).values == [1.0, 0.0]
+        PythonFunctionReward(fn=f"{__name__}:conversational")([text_prompt])
+    assert PythonFunctionReward(fn=f"{__name__}:conversational", completions="messages")([text_prompt]).values == [1.0, 0.0]
+    assert PythonFunctionReward(fn=f"{__name__}:trl_accuracy", completions="text")([chat_prompt]).values == [1.0, 0.0]
 
 
 def test_an_episodes_completion_is_its_turns_in_order() -> None:
@@ -100,34 +100,34 @@ def test_a_bad_completion_shape_is_named() -> None:
     from grpo_pipe.config.errors import ConfigError
 
     with pytest.raises(ConfigError, match="reward.completions='json'"):
-        PythonFunctionReward(f"{__name__}:conversational", completions="json")  # type: ignore[arg-type]
+        PythonFunctionReward(fn=f"{__name__}:conversational", completions="json")  # type: ignore[arg-type]
 
 
 def test_function_receives_only_the_arguments_it_names() -> None:
-    out = PythonFunctionReward(f"{__name__}:only_completions", name="half", success_at=None)(_groups())
+    out = PythonFunctionReward(fn=f"{__name__}:only_completions", name="half", success_at=None)(_groups())
     assert out.values == [0.5] * 4 and out.correct is None and "half" in out.terms
 
 
 def test_a_function_from_a_file_path(tmp_path: Path) -> None:
     (tmp_path / "mine.py").write_text("def score(completions, **kw):\n    return [len(c) for c in completions]\n")
-    reward = PythonFunctionReward(f"{tmp_path}/mine.py:score", completions="text")
+    reward = PythonFunctionReward(fn=f"{tmp_path}/mine.py:score", completions="text")
     assert reward.config_problems() == [] and reward(_groups()).values == [1.0, 1.0, 1.0, 4.0]
 
 
 def test_a_wrong_number_of_values_is_an_error() -> None:
     with pytest.raises(RewardFunctionError, match="returned 1 values for 4 completions"):
-        PythonFunctionReward(f"{__name__}:wrong_length")(_groups())
+        PythonFunctionReward(fn=f"{__name__}:wrong_length")(_groups())
 
 
 @pytest.mark.parametrize("spec", ["no_colon", "no_such_module_xyz:score", f"{__name__}:missing", "nofile.py:score"])
 def test_unimportable_functions_are_config_problems(spec: str) -> None:
-    (problem,) = PythonFunctionReward(spec).config_problems()
+    (problem,) = PythonFunctionReward(fn=spec).config_problems()
     assert problem.startswith(f"fn={spec!r}: cannot be imported")
     assert "allowed: 'package.module:function' or 'path/to/file.py:function'" in problem
 
 
 def test_a_trl_shaped_function_gets_the_answer_column_under_its_own_name() -> None:
-    out = PythonFunctionReward(f"{__name__}:trl_accuracy", completions="text")(_groups())
+    out = PythonFunctionReward(fn=f"{__name__}:trl_accuracy", completions="text")(_groups())
     assert out.values == [1.0, 0.0, 1.0, 0.0]
 
 
@@ -140,16 +140,16 @@ def test_a_trl_shaped_function_gets_the_answer_column_under_its_own_name() -> No
 ])
 def test_a_broken_function_is_found_on_a_few_rows_before_the_engine_starts(fn: str, says: str) -> None:
     tasks = [g.task for g in _groups()]
-    (problem,) = PythonFunctionReward(f"{__name__}:{fn}", completions="text").try_on(tasks)
+    (problem,) = PythonFunctionReward(fn=f"{__name__}:{fn}", completions="text").try_on(tasks)
     assert problem.startswith(f"fn='{__name__}:{fn}'") and says in problem, problem
-    assert PythonFunctionReward(f"{__name__}:trl_accuracy", completions="text").try_on(tasks) == []
+    assert PythonFunctionReward(fn=f"{__name__}:trl_accuracy", completions="text").try_on(tasks) == []
 
 
 def test_non_finite_values_are_errors_wherever_the_reward_is_computed_naming_task_and_completion() -> None:
     for fn, value in (("infinite", "inf"), ("not_a_number", "nan")):
         with pytest.raises(RewardFunctionError, match=f"returned {value} for task a \\(completion '7'\\); allowed: "
                                                       "a finite number or None"):
-            PythonFunctionReward(f"{__name__}:{fn}", completions="text")(_groups())
+            PythonFunctionReward(fn=f"{__name__}:{fn}", completions="text")(_groups())
 
 
 def test_a_reward_that_raises_fails_the_job_in_seconds_before_any_model_loads(tmp_path: Path) -> None:
@@ -197,7 +197,7 @@ def test_a_weighted_reward_tries_its_user_code_parts_and_names_them() -> None:
     from grpo_pipe.rewards.correctness import CorrectnessReward
     from grpo_pipe.rewards.weighted import WeightedReward
 
-    weighted = WeightedReward({"mine": PythonFunctionReward(f"{__name__}:raises"), "right": CorrectnessReward()},
+    weighted = WeightedReward({"mine": PythonFunctionReward(fn=f"{__name__}:raises"), "right": CorrectnessReward()},
                               {"mine": 1.0, "right": 1.0})
     (problem,) = weighted.try_on([g.task for g in _groups()])
     assert problem.startswith(f"rewards.mine.fn='{__name__}:raises'") and "raised KeyError" in problem

@@ -20,7 +20,8 @@ def _groups() -> list[RolloutGroup]:
 
 def test_weighted_sum_raw_and_weighted_terms() -> None:
     reward = WeightedReward(
-        {"correctness": CorrectnessReward(wrong=-0.5), "brevity": PythonFunctionReward(f"{__name__}:brevity", success_at=None)},
+        {"correctness": CorrectnessReward(wrong=-0.5), "brevity": PythonFunctionReward(fn=f"{__name__}:brevity",
+                                                                                       success_at=None)},
         {"correctness": 2.0, "brevity": 0.5},
     )
     assert reward.config_problems() == []
@@ -36,7 +37,7 @@ def test_weighted_sum_raw_and_weighted_terms() -> None:
 
 def test_config_problems_name_weights_and_nested_functions() -> None:
     reward = WeightedReward(
-        {"a": CorrectnessReward(), "b": PythonFunctionReward("nope_module:f")}, {"a": 1.0}, success_from="c"
+        {"a": CorrectnessReward(), "b": PythonFunctionReward(fn="nope_module:f")}, {"a": 1.0}, success_from="c"
     )
     problems = reward.config_problems()
     assert problems[0] == "weights={'a': 1.0}: need exactly one weight per reward; rewards: a, b"

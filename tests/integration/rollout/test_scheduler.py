@@ -6,8 +6,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from grpo_pipe.interfaces import RolloutSource
-from grpo_pipe.pipeline import JobContext, run
 from grpo_pipe.rollout.scheduler import MAX_EMPTY_BATCHES, NoTaskFits, RolloutScheduler, covered_seconds, overlap_seconds
+from grpo_pipe.runner.pipeline import JobContext, run
 from grpo_pipe.types import Completion, GeneratedBatch, RequestTelemetry, SamplingSettings, Task
 
 
@@ -71,7 +71,8 @@ def _scheduler(question_lengths: list[int], limit: int) -> RolloutScheduler:
         return [(tasks[(start + i) % len(tasks)], 2) for i in range(4)]
 
     return RolloutScheduler(
-        _EchoEngine(), next_batch, lambda task: tuple(range(len(task.question))), SamplingSettings(max_tokens=4),
+        engine=_EchoEngine(), next_batch=next_batch, render=lambda task: tuple(range(len(task.question))),
+        sampling=SamplingSettings(max_tokens=4),
         total_steps=10, max_staleness=0, stale_policy="pace", prompt_limit=limit,
     )
 

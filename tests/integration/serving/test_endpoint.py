@@ -32,7 +32,7 @@ def endpoint(model_path: Path) -> Iterator[EngineEndpoint]:
     engine.connect(model_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     served = ServedModel("tiny", tokenizer, max_model_len=engine.max_model_len, vocab_size=len(tokenizer))
-    endpoint = EngineEndpoint(engine, served)
+    endpoint = EngineEndpoint(engine=engine, model=served)
     try:
         endpoint.start()
         yield endpoint

@@ -26,7 +26,7 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[MlflowClient, str, 
     store = f"sqlite:///{tmp_path}/mlflow.db"
     sweep_dir = tmp_path / "sweep"
     sweep_dir.mkdir()
-    tracker = MlflowTracker(store, artifact_location=str(tmp_path / "artifacts"), system_metrics=False)
+    tracker = MlflowTracker(tracking_uri=store, artifact_location=str(tmp_path / "artifacts"), system_metrics=False)
     for index, (bridge, accuracy) in enumerate(BRIDGES.items()):
         overrides = [f"weight_bridge={bridge}", "trainer.steps=2", "model=tiny_random"]
         tracker.start(f"job{index}", run_tags(["python"], {"weight_bridge": bridge}, overrides), sweep_dir=str(sweep_dir))
@@ -124,7 +124,8 @@ def test_the_report_finds_the_parent_by_sweep_folder_or_run_id(sweep, tmp_path: 
 
 
 def test_tracker_marks_the_experiment_copies_headline_metrics_and_links_the_training_view(tmp_path: Path) -> None:
-    tracker = MlflowTracker(f"sqlite:///{tmp_path}/m.db", artifact_location=str(tmp_path / "a"), system_metrics=False)
+    tracker = MlflowTracker(tracking_uri=f"sqlite:///{tmp_path}/m.db", artifact_location=str(tmp_path / "a"),
+                            system_metrics=False)
     tracker.start("one", {"grpo_pipe.choice.weight_bridge": "lora"})
     tracker.log_metrics({"train/reward/mean": 0.5, "sync/total_s": 2.0, "async/queue_depth": 1.0}, step=1)
     tracker.close()
@@ -139,11 +140,12 @@ def test_tracker_marks_the_experiment_copies_headline_metrics_and_links_the_trai
 
 def test_mlflow_tracking_uri_is_used_when_the_config_names_none(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/env.db")
-    assert MlflowTracker(None).tracking_uri == f"sqlite:///{tmp_path}/env.db"
-    assert MlflowTracker(f"sqlite:///{tmp_path}/cfg.db").tracking_uri == f"sqlite:///{tmp_path}/cfg.db"  # config wins
+    assert MlflowTracker(tracking_uri=None).tracking_uri == f"sqlite:///{tmp_path}/env.db"
+    config_wins = f"sqlite:///{tmp_path}/cfg.db"
+    assert MlflowTracker(tracking_uri=config_wins).tracking_uri == config_wins
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
-    assert MlflowTracker(None).tracking_uri.endswith("/outputs/mlflow.db")
-    assert MlflowTracker("http://127.0.0.1:1", artifact_location="x").artifact_location is None  # the server decides
+    assert MlflowTracker(tracking_uri=None).tracking_uri.endswith("/outputs/mlflow.db")
+    assert MlflowTracker(tracking_uri="http://127.0.0.1:1", artifact_location="x").artifact_location is None  # the server decides
 
 
 def test_a_shared_first_place_is_reported_as_a_tie(sweep) -> None:

@@ -254,7 +254,7 @@ def test_a_stop_bounds_the_wait_for_an_absent_server_and_loses_no_record(server:
     records, its KILLED status included, go to the job's folder within it, and the upload command delivers them."""
     from grpo_pipe.tracking.mlflow_tracker import MlflowTracker
 
-    tracker = MlflowTracker(server.uri, system_metrics=False, retry_max_s=1, flush_timeout_s=600)
+    tracker = MlflowTracker(tracking_uri=server.uri, system_metrics=False, retry_max_s=1, flush_timeout_s=600)
     tracker.start("stopped", tags={}, output_dir=tmp_path)
     tracker.log_metrics({"train/loss": 0.5}, step=1)
     server.stop()

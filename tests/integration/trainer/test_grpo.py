@@ -18,7 +18,7 @@ from tests.fakes import TELEMETRY, scored_groups
 def _trainer(micro_batch_size: int, path, compile: bool = False, lora: bool = False) -> GRPOTrainer:
     torch.manual_seed(0)
     policy = LoraPolicy(rank=4) if lora else FullFinetunePolicy()
-    trainer = GRPOTrainer(policy, steps=2, lr=1e-3, micro_batch_size=micro_batch_size, compile=compile)
+    trainer = GRPOTrainer(policy=policy, steps=2, lr=1e-3, micro_batch_size=micro_batch_size, compile=compile)
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     return trainer
 
@@ -103,7 +103,7 @@ def test_step_applies_one_update_and_bumps_the_version() -> None:
 
 def test_non_finite_gradient_skips_the_update_and_stops_after_the_limit() -> None:
     path = TinyRandomModel().materialize()
-    trainer = GRPOTrainer(FullFinetunePolicy(), steps=3, lr=1e-3, max_bad_steps=2)
+    trainer = GRPOTrainer(policy=FullFinetunePolicy(), steps=3, lr=1e-3, max_bad_steps=2)
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     before = {k: v.clone() for k, v in trainer.policy.module.state_dict().items()}
     groups, _ = scored_groups()
@@ -127,13 +127,13 @@ def test_updates_per_batch_is_mu_updates_against_the_sampler_and_one_version() -
     groups, rewards = scored_groups()
     torch.manual_seed(0)
     sampler = GRPOLoss(ratio_reference="sampler", is_cap=None)
-    twice = GRPOTrainer(FullFinetunePolicy(), loss=sampler, steps=2, lr=1e-3, updates_per_batch=2)
+    twice = GRPOTrainer(policy=FullFinetunePolicy(), loss=sampler, steps=2, lr=1e-3, updates_per_batch=2)
     twice.setup(path, torch.device("cpu"), pad_id=0)
     metrics = twice.step(groups, rewards, temperature=1.0)
     assert twice.version == 1 and metrics["train/update_applied"] == 1.0
     assert twice.optimizer.state_dict()["state"][0]["step"] == 2  # two optimizer updates
     torch.manual_seed(0)
-    once = GRPOTrainer(FullFinetunePolicy(), loss=sampler, steps=4, lr=1e-3)
+    once = GRPOTrainer(policy=FullFinetunePolicy(), loss=sampler, steps=4, lr=1e-3)
     once.setup(path, torch.device("cpu"), pad_id=0)
     once.step(groups, rewards, temperature=1.0)
     once.step(groups, rewards, temperature=1.0)
@@ -149,11 +149,11 @@ def test_later_passes_take_the_ratio_against_the_policy_the_batch_found() -> Non
     path = TinyRandomModel().materialize()
     groups, rewards = scored_groups()
     torch.manual_seed(0)
-    one = GRPOTrainer(FullFinetunePolicy(), loss=GRPOLoss(), steps=2, lr=5e-2, updates_per_batch=1)
+    one = GRPOTrainer(policy=FullFinetunePolicy(), loss=GRPOLoss(), steps=2, lr=5e-2, updates_per_batch=1)
     one.setup(path, torch.device("cpu"), pad_id=0)
     assert one.step(groups, rewards, temperature=1.0)["train/clip_fraction"] == 0.0
     torch.manual_seed(0)
-    two = GRPOTrainer(FullFinetunePolicy(), loss=GRPOLoss(), steps=2, lr=5e-2, updates_per_batch=2)
+    two = GRPOTrainer(policy=FullFinetunePolicy(), loss=GRPOLoss(), steps=2, lr=5e-2, updates_per_batch=2)
     two.setup(path, torch.device("cpu"), pad_id=0)
     metrics = two.step(groups, rewards, temperature=1.0)
     assert metrics["train/clip_fraction"] > 0.0  # the mean over passes: only the second pass clipped
@@ -194,14 +194,14 @@ def _truncated_groups() -> tuple[list[RolloutGroup], list[float]]:
 def test_mask_truncated_gives_a_budget_hitting_completion_no_loss() -> None:
     path = TinyRandomModel().materialize()
     groups, rewards = _truncated_groups()
-    masked = GRPOTrainer(FullFinetunePolicy(), loss=GRPOLoss(aggregation="token_mean", mask_truncated=True))
+    masked = GRPOTrainer(policy=FullFinetunePolicy(), loss=GRPOLoss(aggregation="token_mean", mask_truncated=True))
     masked.setup(path, torch.device("cpu"), pad_id=0)
     plan = masked.plan(groups, rewards)
     assert plan.masked == 1 and len(plan.active) == 7
     assert all(not s.truncated for s in plan.active)
     lengths = [len(c.token_ids) for g in groups for c in g.completions]
     assert plan.normaliser == sum(lengths) - lengths[0]  # the masked completion is in no normaliser
-    kept = GRPOTrainer(FullFinetunePolicy(), loss=GRPOLoss(aggregation="token_mean"))
+    kept = GRPOTrainer(policy=FullFinetunePolicy(), loss=GRPOLoss(aggregation="token_mean"))
     kept.setup(path, torch.device("cpu"), pad_id=0)
     assert kept.plan(groups, rewards).masked == 0 and len(kept.plan(groups, rewards).active) == 8
 
@@ -212,7 +212,7 @@ def test_kl_to_the_frozen_starting_policy(policy_cls) -> None:
     groups, rewards = scored_groups()
     torch.manual_seed(0)
     policy = policy_cls() if policy_cls is FullFinetunePolicy else LoraPolicy(rank=4)
-    trainer = GRPOTrainer(policy, loss=GRPOLoss(kl_coef=0.1), steps=3, lr=1e-2)
+    trainer = GRPOTrainer(policy=policy, loss=GRPOLoss(kl_coef=0.1), steps=3, lr=1e-2)
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     ids = torch.tensor([list(groups[0].prompt_token_ids)])
     mask = torch.ones_like(ids)
@@ -238,7 +238,8 @@ def test_entropy_bonus_spreads_a_batch_whose_rewards_are_all_equal() -> None:
     plain = _trainer(4, path)
     assert plain.plan(groups, flat).active == []  # no advantage anywhere: nothing runs
     torch.manual_seed(0)
-    trainer = GRPOTrainer(FullFinetunePolicy(), loss=GRPOLoss(aggregation="token_mean", entropy_coef=1.0), steps=3, lr=1e-2)
+    trainer = GRPOTrainer(policy=FullFinetunePolicy(), loss=GRPOLoss(aggregation="token_mean", entropy_coef=1.0), steps=3,
+                          lr=1e-2)
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     first = trainer.step(groups, flat, temperature=1.0)
     second = trainer.step(groups, flat, temperature=1.0)
@@ -250,7 +251,7 @@ def test_entropy_bonus_spreads_a_batch_whose_rewards_are_all_equal() -> None:
 def test_bnpo_runs_every_sample_and_divides_by_the_steps_micro_batches() -> None:
     path = TinyRandomModel().materialize()
     groups, rewards = scored_groups()
-    trainer = GRPOTrainer(FullFinetunePolicy(), loss=GRPOLoss(aggregation="micro_batch_token_mean"), micro_batch_size=5)
+    trainer = GRPOTrainer(policy=FullFinetunePolicy(), loss=GRPOLoss(aggregation="micro_batch_token_mean"), micro_batch_size=5)
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     plan = trainer.plan(groups, rewards)
     assert len(plan.active) == 12  # zero-advantage completions too: their tokens count in their micro-batch

@@ -52,7 +52,7 @@ def model_path() -> Path:
 
 def _single(path: Path, policy: object | None = None, loss: dict | None = None, **settings: object) -> GRPOTrainer:
     torch.manual_seed(0)
-    trainer = GRPOTrainer(policy or FullFinetunePolicy(), loss=GRPOLoss(**(loss or {})), **(settings or SETTINGS))
+    trainer = GRPOTrainer(policy=policy or FullFinetunePolicy(), loss=GRPOLoss(**(loss or {})), **(settings or SETTINGS))
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     return trainer
 
@@ -61,7 +61,7 @@ def _sharded(
     path: Path, world_size: int, policy: object | None = None, loss: dict | None = None, **settings: object
 ) -> ShardedTrainer:
     trainer = ShardedTrainer(
-        policy or FullFinetunePolicy(), world_size=world_size, loss=GRPOLoss(**(loss or {})), **(settings or SETTINGS)
+        policy=policy or FullFinetunePolicy(), world_size=world_size, loss=GRPOLoss(**(loss or {})), **(settings or SETTINGS)
     )
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     return trainer
@@ -69,7 +69,7 @@ def _sharded(
 
 def test_deal_keeps_micro_batches_and_pads_every_rank_to_the_same_count() -> None:
     groups, rewards = _groups()
-    whole, shares = ShardedTrainer(FullFinetunePolicy(), world_size=2, **SETTINGS).plan(groups, rewards)
+    whole, shares = ShardedTrainer(policy=FullFinetunePolicy(), world_size=2, **SETTINGS).plan(groups, rewards)
     assert len(whole.active) == 8  # group 2 carries no signal: skipped, but counted in the normaliser
     assert [len(c) for c in whole.cuts] == [3, 2, 3]  # 8 at micro-batch 3: as even as possible, no sliver
     cut = [[share.active[c.start : c.stop] for c in share.cuts] for share in shares]
@@ -83,7 +83,7 @@ def test_deal_keeps_micro_batches_and_pads_every_rank_to_the_same_count() -> Non
 
 def test_unknown_setting_is_a_config_error_naming_what_is_allowed() -> None:
     with pytest.raises(ConfigError, match=r"trainer.world_sise: unknown setting .* allowed: world_size"):
-        ShardedTrainer(FullFinetunePolicy(), world_sise=2)
+        ShardedTrainer(policy=FullFinetunePolicy(), world_sise=2)
 
 
 def test_two_ranks_match_one_device_and_resume_at_world_size_one(ray_local: None, model_path: Path, tmp_path: Path) -> None:

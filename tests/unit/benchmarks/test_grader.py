@@ -14,9 +14,9 @@ from transformers import AutoTokenizer
 from grpo_pipe.benchmarks.curves import Curve, Snapshot
 from grpo_pipe.benchmarks.hf_engine import HFEngine
 from grpo_pipe.benchmarks.learning import Grader, grade_curve
+from grpo_pipe.data.prompts import render_prompt
 from grpo_pipe.episodes.tool_episodes import ToolEpisodes
 from grpo_pipe.models.tiny_random import TinyRandomModel
-from grpo_pipe.prompts import render_prompt
 from grpo_pipe.types import Completion, RewardOutput, RolloutGroup, SamplingSettings, Task
 from tests.fixtures.call_formats import EveryTurnCalls
 

@@ -51,7 +51,8 @@ def test_the_command_reports_every_kind_of_mistake_in_one_block_with_exit_code_2
 
 def test_a_sweeps_values_are_left_to_each_job() -> None:
     from grpo_pipe.config.overrides import problems_beside
+    from grpo_pipe.runner.components import build
 
-    assert problems_beside(["-m", "weight_bridge=reload,lora", "reward.wrong=abc"], []) == []
-    assert problems_beside(["reward.wrong=abc", "trainer.lrr=1"], ["trainer.lrr: unknown key"]) == [
+    assert problems_beside(["-m", "weight_bridge=reload,lora", "reward.wrong=abc"], [], build) == []
+    assert problems_beside(["reward.wrong=abc", "trainer.lrr=1"], ["trainer.lrr: unknown key"], build) == [
         "reward.wrong='abc': expected a number"]

@@ -8,7 +8,7 @@ import pytest
 
 from grpo_pipe.curriculum.buckets import fit_buckets, rollouts_for
 from grpo_pipe.curriculum.kde_buckets import KdeBucketCurriculum
-from grpo_pipe.pipeline import build
+from grpo_pipe.runner.pipeline import build
 from grpo_pipe.types import Task
 
 MODES = (0.1, 0.5, 0.9)

@@ -55,8 +55,8 @@ def test_each_take_keeps_fresh_groups_drops_stale_ones_and_refuses_foreign_ones(
             served.record((1, 2), Completion((token,), (-0.5,), "", "stop", version, RequestTelemetry(2, 1, 0)), 1.0)
     foreign = _group(40)  # never served by the engine
     endpoint, processes = Endpoint(served), Processes()
-    source = AtroposSource(Api([[_group(10), _group(20), foreign, _group(30)]]), endpoint, processes,  # type: ignore[arg-type]
-                           Limits(100, 16, temperature=1.0), max_staleness=1, timeout_s=60)
+    source = AtroposSource(api=Api([[_group(10), _group(20), foreign, _group(30)]]), endpoint=endpoint, processes=processes,  # type: ignore[arg-type]
+                           limits=Limits(100, 16, temperature=1.0), max_staleness=1, timeout_s=60)
     taken = source.take(trainer_version=3)
     assert [g.completions[0].token_ids for g in taken.groups] == [(10,), (30,)] and taken.staleness == [0, 0]
     assert taken.dropped == [("atropos/2", 2)]  # sampled by version 1, two behind the trainer
@@ -74,8 +74,8 @@ def test_with_overlap_the_endpoint_stays_open_while_the_trainer_trains() -> None
     for token in (10, 11, 20, 21):
         served.record((1, 2), Completion((token,), (-0.5,), "", "stop", 0, RequestTelemetry(2, 1, 0)), 1.0)
     endpoint = Endpoint(served)
-    source = AtroposSource(Api([[_group(10)], [_group(20)]]), endpoint, Processes(),  # type: ignore[arg-type]
-                           Limits(100, 16, temperature=1.0), max_staleness=1, timeout_s=60, overlap=True)
+    source = AtroposSource(api=Api([[_group(10)], [_group(20)]]), endpoint=endpoint, processes=Processes(),  # type: ignore[arg-type]
+                           limits=Limits(100, 16, temperature=1.0), max_staleness=1, timeout_s=60, overlap=True)
     first, second = source.take(trainer_version=0), source.take(trainer_version=1)
     assert endpoint.events == ["resume", "resume"]  # never paused
     assert (first.staleness, second.staleness) == ([0], [1])  # a group a version behind is kept, as max_staleness says
@@ -86,7 +86,7 @@ def test_an_evaluation_cadence_atroposlib_would_never_fire_is_refused_before_any
 
     script = tmp_path / "env.py"
     script.write_text("")
-    problems = AtroposEnvironment([[str(script), "serve"]], eval_every=1).config_problems()
+    problems = AtroposEnvironment(environments=[[str(script), "serve"]], eval_every=1).config_problems()
     assert problems == ["eval_every=1: allowed 0 (the environments never evaluate), 2 or more (atroposlib never "
                         "evaluates at steps_per_eval=1), or null (each environment's own)"]
-    assert AtroposEnvironment([[str(script), "serve"]], eval_every=2).config_problems() == []
+    assert AtroposEnvironment(environments=[[str(script), "serve"]], eval_every=2).config_problems() == []

@@ -21,7 +21,8 @@ def _write(folder: Path, metrics: dict, stamp_ns: int, samples: bool = False) ->
 
 
 def test_each_process_is_told_where_to_write_its_evaluations(tmp_path: Path) -> None:
-    processes = EnvironmentProcesses([["env_a.py", "serve"], ["env_b.py", "serve"]], ["--env.x=1"], tmp_path)
+    processes = EnvironmentProcesses(commands=[["env_a.py", "serve"], ["env_b.py", "serve"]], connection=["--env.x=1"],
+                                     log_dir=tmp_path)
     assert processes.command(1)[1:] == ["env_b.py", "serve", "--env.x=1",
                                         f"--env.data_dir_to_save_evals={tmp_path / 'evaluations' / '1'}"]
 

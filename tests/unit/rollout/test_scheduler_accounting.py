@@ -14,7 +14,8 @@ def _scheduler(engine: FakeEngine, max_staleness: int, stale_policy: str) -> Rol
     def render(task: Task) -> tuple[int, ...]:
         return tuple(ord(c) for c in task.question)
 
-    return RolloutScheduler(engine, curriculum.next_batch, render, SamplingSettings(seed=0), total_steps=6,
+    return RolloutScheduler(engine=engine, next_batch=curriculum.next_batch, render=render,
+                            sampling=SamplingSettings(seed=0), total_steps=6,
                             max_staleness=max_staleness, stale_policy=stale_policy)  # type: ignore[arg-type]
 
 

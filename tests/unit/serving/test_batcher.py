@@ -23,7 +23,7 @@ def _wait_until(condition, timeout_s: float = 30.0) -> None:
 
 def test_requests_that_wait_while_the_engine_works_go_in_one_call_each_with_its_budget() -> None:
     engine = GatedEngine()
-    batcher = RequestBatcher(engine)  # type: ignore[arg-type]
+    batcher = RequestBatcher(engine=engine)  # type: ignore[arg-type]
     try:
         first = batcher.submit(Request((1, 2, 3), 1, 8, KEY))
         assert engine.entered.wait(30)  # the engine is busy with the first request
@@ -44,7 +44,7 @@ def test_requests_that_wait_while_the_engine_works_go_in_one_call_each_with_its_
 def test_a_seeded_request_is_sampled_alone() -> None:
     engine = GatedEngine()
     engine.gate.set()
-    batcher = RequestBatcher(engine)  # type: ignore[arg-type]
+    batcher = RequestBatcher(engine=engine)  # type: ignore[arg-type]
     try:
         engine.gate.clear()
         blocker = batcher.submit(Request((1,), 1, 4, KEY))
@@ -62,7 +62,7 @@ def test_a_seeded_request_is_sampled_alone() -> None:
 def test_an_engine_failure_fails_its_round_and_the_next_round_is_served() -> None:
     engine = GatedEngine()
     engine.fail = True
-    batcher = RequestBatcher(engine)  # type: ignore[arg-type]
+    batcher = RequestBatcher(engine=engine)  # type: ignore[arg-type]
     try:
         failed = batcher.submit(Request((1, 2), 1, 4, KEY))
         engine.gate.set()
@@ -76,7 +76,7 @@ def test_an_engine_failure_fails_its_round_and_the_next_round_is_served() -> Non
 
 def test_closing_fails_what_still_waits_with_a_clear_error() -> None:
     engine = GatedEngine()
-    batcher = RequestBatcher(engine)  # type: ignore[arg-type]
+    batcher = RequestBatcher(engine=engine)  # type: ignore[arg-type]
     batcher.submit(Request((1,), 1, 4, KEY))
     assert engine.entered.wait(30)
     waiting = batcher.submit(Request((2,), 1, 4, KEY))
@@ -93,7 +93,7 @@ def test_closing_fails_what_still_waits_with_a_clear_error() -> None:
 
 def test_a_paused_batcher_finishes_its_round_holds_the_rest_and_resumes() -> None:
     engine = GatedEngine()
-    batcher = RequestBatcher(engine)  # type: ignore[arg-type]
+    batcher = RequestBatcher(engine=engine)  # type: ignore[arg-type]
     try:
         first = batcher.submit(Request((1, 2), 1, 4, KEY))
         assert engine.entered.wait(30)
@@ -117,7 +117,7 @@ def test_a_burst_of_requests_is_gathered_into_one_call() -> None:
     gather_s, ended as soon as a full call's worth has arrived, so the result does not depend on the machine's speed)."""
     engine = GatedEngine()
     engine.gate.set()
-    batcher = RequestBatcher(engine, max_prompts_per_call=3, gather_s=60.0)  # type: ignore[arg-type]
+    batcher = RequestBatcher(engine=engine, max_prompts_per_call=3, gather_s=60.0)  # type: ignore[arg-type]
     try:
         burst = [batcher.submit(Request((i, 1), 1, 4, KEY)) for i in range(3)]
         for future in burst:

@@ -38,7 +38,7 @@ class CharTokenizer:
 def client() -> Iterator[TestClient]:
     engine = GatedEngine()
     engine.gate.set()
-    batcher = RequestBatcher(engine)  # type: ignore[arg-type]
+    batcher = RequestBatcher(engine=engine)  # type: ignore[arg-type]
     model = ServedModel("tiny", CharTokenizer(), max_model_len=64, vocab_size=300)
     try:
         yield TestClient(build_app(batcher, model, TOKEN))
@@ -110,14 +110,14 @@ def test_a_request_outside_the_schema_is_refused(client: TestClient) -> None:
 def test_the_endpoint_refuses_a_host_other_machines_reach_unless_allowed() -> None:
     model = ServedModel("tiny", CharTokenizer(), max_model_len=64, vocab_size=300)
     with pytest.raises(ConfigError, match="not a loopback address"):
-        EngineEndpoint(GatedEngine(), model, host="0.0.0.0")  # type: ignore[arg-type]
-    assert EngineEndpoint(GatedEngine(), model, host="0.0.0.0", allow_remote=True).host == "0.0.0.0"  # type: ignore[arg-type]
-    assert len(EngineEndpoint(GatedEngine(), model).token) >= 32  # type: ignore[arg-type]
+        EngineEndpoint(engine=GatedEngine(), model=model, host="0.0.0.0")  # type: ignore[arg-type]
+    assert EngineEndpoint(engine=GatedEngine(), model=model, host="0.0.0.0", allow_remote=True).host == "0.0.0.0"  # type: ignore[arg-type]
+    assert len(EngineEndpoint(engine=GatedEngine(), model=model).token) >= 32  # type: ignore[arg-type]
 
 
 def test_a_request_the_engine_does_not_answer_in_time_gets_504_with_the_reason() -> None:
     engine = GatedEngine()  # its gate stays shut: the engine never answers
-    batcher = RequestBatcher(engine)  # type: ignore[arg-type]
+    batcher = RequestBatcher(engine=engine)  # type: ignore[arg-type]
     model = ServedModel("tiny", CharTokenizer(), max_model_len=64, vocab_size=300)
     client = TestClient(build_app(batcher, model, TOKEN, timeout_s=0.2))
     try:

@@ -45,7 +45,7 @@ class Refused(Exception):
 
 def test_records_wait_with_capped_back_off_and_arrive_once_in_order(caplog: pytest.LogCaptureFixture) -> None:
     store, clock = Store(), Clock()
-    box = Outbox(store.send, "http://server", first_backoff_s=1.0, max_backoff_s=8.0, clock=clock)
+    box = Outbox(send=store.send, target="http://server", first_backoff_s=1.0, max_backoff_s=8.0, clock=clock)
     caplog.set_level(logging.WARNING, logger="grpo_pipe.tracking.outbox")
     box.put({"n": 1})
     assert box.deliver_due() is None and store.taken == [1]
@@ -84,7 +84,7 @@ def test_a_record_the_store_refuses_is_dropped_not_retried() -> None:
             raise Refused("INVALID_PARAMETER_VALUE")
         taken.append(record["n"])
 
-    box = Outbox(send, "http://server", clock=Clock())
+    box = Outbox(send=send, target="http://server", clock=Clock())
     for n in (1, 2, 3):
         box.put({"n": n})
     assert box.deliver_due() is None and taken == [1, 3]
@@ -92,7 +92,7 @@ def test_a_record_the_store_refuses_is_dropped_not_retried() -> None:
 
 def test_close_hands_back_what_an_absent_store_did_not_take() -> None:
     store = Store()
-    box = Outbox(store.send, "http://server", first_backoff_s=0.01, max_backoff_s=0.05)
+    box = Outbox(send=store.send, target="http://server", first_backoff_s=0.01, max_backoff_s=0.05)
     store.up = False
     box.start()
     for n in (1, 2, 3):
@@ -127,7 +127,8 @@ def test_during_an_outage_every_pending_and_new_record_is_journaled_at_once_and_
 ) -> None:
     store, clock, journal = Store(), Clock(), tmp_path / "mlflow_pending.jsonl"
     header = {"kind": "header", "tracking_uri": "http://server", "run_id": "r1"}
-    box = Outbox(store.send, "http://server", first_backoff_s=1.0, clock=clock, journal=journal, journal_header=header)
+    box = Outbox(send=store.send, target="http://server", first_backoff_s=1.0, clock=clock, journal=journal,
+                 journal_header=header)
     box.put({"n": 1})
     assert box.deliver_due() is None and not journal.exists()  # no outage, no journal
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from grpo_pipe.rollout.sampling_params import PASSED_THROUGH
-from grpo_pipe.run_state import RunSettings, objective_problem
+from grpo_pipe.runner.settings import RunSettings, objective_problem
 from grpo_pipe.tracking.run_tags import run_tags
 from grpo_pipe.tracking.sweep_runs import parse_overrides
 
@@ -35,8 +35,8 @@ def test_objective_names_are_checked_before_anything_loads() -> None:
 
 
 def test_an_unknown_objective_is_a_config_error_before_anything_loads(compose_cfg) -> None:
-    from grpo_pipe.components import build
     from grpo_pipe.config.errors import ConfigError
+    from grpo_pipe.runner.components import build
 
     with pytest.raises(ConfigError, match=r"run\.objective='eval/acuracy': allowed: eval/accuracy"):
         build(compose_cfg(["run.objective=eval/acuracy"]))
@@ -53,8 +53,8 @@ def test_sampling_settings_the_trainer_does_not_follow_are_refused_with_the_reas
 
 
 def test_vllm_sampling_parameters_pass_through_only_where_the_distribution_stays_the_trainers(compose_cfg) -> None:
-    from grpo_pipe.components import build
     from grpo_pipe.config.errors import ConfigError
+    from grpo_pipe.runner.components import build
 
     ok = RunSettings(sampling_extra={"stop": ["\n\n"], "stop_token_ids": [2], "ignore_eos": False})
     assert not [p for p in ok.config_problems() if p]

@@ -17,20 +17,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_pipe.bridges.contract import push_weights, sync_due
-from grpo_pipe.checkpointing import Checkpoint
-from grpo_pipe.components import Components
+from grpo_pipe.checkpoint.store import Checkpoint
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.data.rows import bad_rows_problem
 from grpo_pipe.episodes.transcripts import write_episode_page
-from grpo_pipe.evaluation import fit_held_out
-from grpo_pipe.halt import halt_point
-from grpo_pipe.held_out import HeldOutEvaluation
+from grpo_pipe.evaluation.held_out import fit_held_out
+from grpo_pipe.evaluation.schedule import HeldOutEvaluation
 from grpo_pipe.interfaces import HasSourceFiles, ProvidesRollouts, ReportsEvaluations, RolloutSource, TriesOnTasks
 from grpo_pipe.models.custom_code import loader_options
-from grpo_pipe.progress import StepProgress, format_metrics
 from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
-from grpo_pipe.step_recorder import MismatchWatch, StepRecorder
-from grpo_pipe.stopping import GenerationInterrupted, StopRequest
+from grpo_pipe.runner.components import Components
+from grpo_pipe.runner.progress import StepProgress, format_metrics
+from grpo_pipe.runner.step_recorder import MismatchWatch, StepRecorder
+from grpo_pipe.runtime.halt import halt_point
+from grpo_pipe.runtime.stopping import GenerationInterrupted, StopRequest
 from grpo_pipe.trainer.errors import TrainerLost
 from grpo_pipe.types import Ledger, RolloutGroup, SamplingSettings, SyncStats, TakenBatch, Task
 
@@ -53,7 +53,7 @@ class RunResult:
 
 
 class GRPORecipe:
-    def __init__(self, parts: Components, config_yaml: str, output_dir: Path, overrides: Sequence[str] = ()) -> None:
+    def __init__(self, *, parts: Components, config_yaml: str, output_dir: Path, overrides: Sequence[str] = ()) -> None:
         self.parts = parts
         self.config_yaml = config_yaml  # the resolved config, saved with every checkpoint
         self.overrides = list(overrides)  # the job's command line, saved with every checkpoint (resume=<dir> alone)

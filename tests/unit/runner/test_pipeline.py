@@ -7,9 +7,9 @@ from typing import Any, cast
 
 import pytest
 
-from grpo_pipe.pipeline import JobContext, _finish, run_name
-from grpo_pipe.recipe import GRPORecipe
-from grpo_pipe.stopping import StopRequest
+from grpo_pipe.runner.pipeline import JobContext, _finish, run_name
+from grpo_pipe.runner.recipe import GRPORecipe
+from grpo_pipe.runtime.stopping import StopRequest
 
 
 class _Ending:

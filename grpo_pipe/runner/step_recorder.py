@@ -10,9 +10,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from grpo_pipe import step_metrics
 from grpo_pipe.episodes.metrics import episode_metrics
 from grpo_pipe.interfaces import RolloutSource
+from grpo_pipe.runner import step_metrics
 from grpo_pipe.types import RewardOutput, RolloutGroup, SyncStats, TakenBatch
 
 log = logging.getLogger(__name__)

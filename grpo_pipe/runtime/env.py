@@ -94,7 +94,7 @@ class HaltRequest:
 
 def halt_request() -> HaltRequest | None:
     """A fault-injection point for tests: `GRPO_PIPE_HALT_AT=<point>@<step>[,<point>@<step>...]` holds the job at
-    those points (`grpo_pipe.halt`), each time writing the file `GRPO_PIPE_HALT_MARKER` and going on once it is
+    those points (`grpo_pipe.runtime.halt`), each time writing the file `GRPO_PIPE_HALT_MARKER` and going on once it is
     removed. Unset in any real run."""
     spec, marker = os.environ.get("GRPO_PIPE_HALT_AT"), os.environ.get("GRPO_PIPE_HALT_MARKER")
     if not spec or not marker:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from grpo_pipe.evaluation import EvalPlan, metric_problem
+from grpo_pipe.evaluation.held_out import EvalPlan, metric_problem
 from grpo_pipe.rollout.sampling_params import sampling_extra_problems
 
 log = logging.getLogger(__name__)

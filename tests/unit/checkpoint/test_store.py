@@ -1,6 +1,6 @@
 """Checkpoints are atomic, verified and pruned; resume refuses a changed config, passes over a torn checkpoint
 (resume=latest) or names it (resume=<dir>); a disk that fills up mid-write leaves the previous checkpoint whole.
-The pieces by hand; the command meeting them is in tests/integration/test_checkpointing.py."""
+The pieces by hand; the command meeting them is in tests/integration/checkpoint/test_store.py."""
 
 import json
 import os
@@ -11,14 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from grpo_pipe.checkpoint_manifest import MANIFEST
-from grpo_pipe.checkpointing import (
-    FILES,
-    CheckpointManager,
-    CorruptCheckpointError,
-    config_differences,
-    find_resume_checkpoint,
-)
+from grpo_pipe.checkpoint.manifest import MANIFEST
+from grpo_pipe.checkpoint.resume import config_differences, find_resume_checkpoint
+from grpo_pipe.checkpoint.store import FILES, CheckpointManager, CorruptCheckpointError
 from tests.checkpoint_files import flip_bytes, train_two_states, truncate, two_checkpoints
 from tests.fakes import scored_groups
 
@@ -106,7 +101,7 @@ def test_a_real_trainer_state_loads_with_weights_only_and_restores_every_rng(tmp
     from grpo_pipe.trainer.grpo import GRPOTrainer
     from grpo_pipe.trainer.policy import FullFinetunePolicy
 
-    trainer = GRPOTrainer(FullFinetunePolicy(), steps=3, lr=1e-3)
+    trainer = GRPOTrainer(policy=FullFinetunePolicy(), steps=3, lr=1e-3)
     trainer.setup(TinyRandomModel().materialize(), torch.device("cpu"), pad_id=0)
     trainer.step(*scored_groups(), temperature=1.0)  # optimizer and schedule state that is not all zeros
     manager = CheckpointManager(every=1, keep_last=1)
@@ -153,7 +148,7 @@ def test_resume_latest_passes_over_a_torn_newest_checkpoint_to_the_one_before(
     corrupt, said = CORRUPTIONS[corruption]
     first, second = two_checkpoints(tmp_path, trained_states)
     corrupt(second)
-    with caplog.at_level("WARNING", logger="grpo_pipe.checkpointing"):
+    with caplog.at_level("WARNING", logger="grpo_pipe.checkpoint.store"):
         found = find_resume_checkpoint("latest", tmp_path)
     assert found.path == first
     [warning] = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
@@ -195,7 +190,7 @@ FILL_UP = """
 import resource, signal, sys
 from pathlib import Path
 import torch
-from grpo_pipe.checkpointing import CheckpointManager, CheckpointWriteError
+from grpo_pipe.checkpoint.store import CheckpointManager, CheckpointWriteError
 
 manager = CheckpointManager(every=1, keep_last=2, on_save_error=sys.argv[2])
 manager.attach(Path(sys.argv[1]))

@@ -1,6 +1,6 @@
 """Where a step's time goes: each phase per step, and its median over the loop in the run summary."""
 
-from grpo_pipe.step_recorder import StepRecorder
+from grpo_pipe.runner.step_recorder import StepRecorder
 
 
 def _step(recorder: StepRecorder, reward_s: float) -> dict[str, float]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from grpo_pipe.env import halt_request
+from grpo_pipe.runtime.env import halt_request
 
 log = logging.getLogger(__name__)
 

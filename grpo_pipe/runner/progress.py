@@ -11,7 +11,7 @@ from types import TracebackType
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-log = logging.getLogger("grpo_pipe.progress")
+log = logging.getLogger("grpo_pipe.runner.progress")
 
 
 def console_handler() -> logging.Handler:

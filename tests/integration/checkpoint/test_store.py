@@ -8,7 +8,7 @@ import sys
 import pytest
 from mlflow.tracking import MlflowClient
 
-from grpo_pipe.checkpointing import find_resume_checkpoint
+from grpo_pipe.checkpoint.resume import find_resume_checkpoint
 from tests.checkpoint_files import flip_bytes, train_two_states, two_checkpoints
 from tests.conftest import REPO, TINY
 

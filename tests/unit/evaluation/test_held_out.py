@@ -2,7 +2,7 @@
 
 import logging
 
-from grpo_pipe.evaluation import fit_held_out
+from grpo_pipe.evaluation.held_out import fit_held_out
 from grpo_pipe.types import Task
 
 

@@ -1,5 +1,5 @@
 """The entry point of a job: validate and build the components, resume or start the tracked run,
-then hand over to the recipe (`grpo_pipe.recipe.GRPORecipe`), which runs the algorithm.
+then hand over to the recipe (`grpo_pipe.runner.recipe.GRPORecipe`), which runs the algorithm.
 
 Only this module (and tests) read the config; components receive built objects and scalars.
 """
@@ -14,13 +14,14 @@ from typing import Any, cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from grpo_pipe.checkpointing import Checkpoint, CorruptCheckpointError, config_differences, find_resume_checkpoint
-from grpo_pipe.components import PLAIN_KEYS, VALIDATED_GROUPS, Components, build
+from grpo_pipe.checkpoint.resume import config_differences, find_resume_checkpoint
+from grpo_pipe.checkpoint.store import Checkpoint, CorruptCheckpointError
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import Tracker
-from grpo_pipe.progress import format_metrics
-from grpo_pipe.recipe import GRPORecipe, RunResult, check_data_and_reward
-from grpo_pipe.stopping import StopRequest
+from grpo_pipe.runner.components import PLAIN_KEYS, VALIDATED_GROUPS, Components, build
+from grpo_pipe.runner.progress import format_metrics
+from grpo_pipe.runner.recipe import GRPORecipe, RunResult, check_data_and_reward
+from grpo_pipe.runtime.stopping import StopRequest
 from grpo_pipe.types import Ledger
 
 __all__ = ["PLAIN_KEYS", "VALIDATED_GROUPS", "Components", "JobContext", "RunResult", "build", "run"]
@@ -63,7 +64,7 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
     if resume_from is not None:  # the steps after this checkpoint are done again
         tracker.set_tags({"grpo_pipe.resumed_from_step": str(resume_from.step)})
     config_yaml = OmegaConf.to_yaml(OmegaConf.create(_plain(cfg)))
-    recipe = GRPORecipe(parts, config_yaml, job.output_dir, job.overrides)
+    recipe = GRPORecipe(parts=parts, config_yaml=config_yaml, output_dir=job.output_dir, overrides=job.overrides)
     status = "FAILED"
     stop = StopRequest(grace_s=parts.run.shutdown_grace_s)
     try:

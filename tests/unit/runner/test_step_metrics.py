@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpo_pipe.step_metrics import rollout_metrics, sample_rows
+from grpo_pipe.runner.step_metrics import rollout_metrics, sample_rows
 from grpo_pipe.types import Completion, EpisodeLog, RequestTelemetry, RewardOutput, RolloutGroup, Task, Turn
 
 TELEMETRY = RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0)
@@ -33,7 +33,7 @@ def test_the_cached_share_of_episodes_is_of_every_turns_prompt() -> None:
 
 
 def test_the_step_line_says_n_a_for_what_a_step_could_not_measure() -> None:
-    from grpo_pipe.progress import summary_line
+    from grpo_pipe.runner.progress import summary_line
 
     line = summary_line(3, 10, {"train/reward/mean": 0.5, "train/loss": 0.0, "train/update_applied": 0.0,
                                 "train/clip_fraction": 0.0, "mismatch/logprob_abs_mean": float("nan")})

@@ -5,13 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.recipe import GRPORecipe
-from grpo_pipe.stopping import StopRequest
+from grpo_pipe.runner.recipe import GRPORecipe
+from grpo_pipe.runtime.stopping import StopRequest
 from tests.fakes import fake_components
 
 
 def _recipe(tmp_path: Path, **kwargs: Any) -> GRPORecipe:
-    recipe = GRPORecipe(fake_components(tmp_path, **kwargs), "config: {}\n", tmp_path)
+    recipe = GRPORecipe(parts=fake_components(tmp_path, **kwargs), config_yaml="config: {}\n", output_dir=tmp_path)
     recipe.setup()
     return recipe
 

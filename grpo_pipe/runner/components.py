@@ -34,7 +34,7 @@ from grpo_pipe.interfaces import (
     reads_request_timestamps,
 )
 from grpo_pipe.rewards.environment import EnvironmentReward
-from grpo_pipe.run_state import RunSettings
+from grpo_pipe.runner.settings import RunSettings
 
 log = logging.getLogger(__name__)
 

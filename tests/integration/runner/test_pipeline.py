@@ -2,7 +2,7 @@
 
 from mlflow.tracking import MlflowClient
 
-from grpo_pipe.pipeline import JobContext, run
+from grpo_pipe.runner.pipeline import JobContext, run
 
 EXPECTED_METRICS = {
     "train/loss", "train/reward/mean", "train/reward/std", "train/accuracy", "rollout/tokens_per_s",

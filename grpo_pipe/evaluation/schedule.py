@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.evaluation import EvalPlan, evaluate_completions
+from grpo_pipe.evaluation.held_out import EvalPlan, evaluate_completions
 from grpo_pipe.interfaces import CheckpointStore, EpisodeRunner, Reward, RolloutEngine
 from grpo_pipe.types import Completion, Task
 
@@ -29,6 +29,7 @@ class HeldOutEvaluation:
 
     def __init__(
         self,
+        *,
         prompts: Sequence[tuple[int, ...]],
         tasks: Sequence[Task],
         reward: Reward,

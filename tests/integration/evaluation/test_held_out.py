@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from grpo_pipe.evaluation import EvalPlan, evaluate, metric_problem
+from grpo_pipe.evaluation.held_out import EvalPlan, evaluate, metric_problem
 from grpo_pipe.rewards.python_fn import PythonFunctionReward
 from grpo_pipe.types import Completion, RequestTelemetry, SamplingSettings, Task
 
@@ -36,7 +36,7 @@ PROMPTS = [(1,), (2,), (3,)]
 
 
 def test_greedy_metrics_come_from_the_reward() -> None:
-    reward = PythonFunctionReward(f"{__name__}:says_yes", success_at=2.0)
+    reward = PythonFunctionReward(fn=f"{__name__}:says_yes", success_at=2.0)
     metrics = evaluate(ScriptedEngine(), PROMPTS, TASKS, reward, EvalPlan(max_tokens=8, metric="reward"))
     assert metrics["eval/accuracy"] == pytest.approx(1 / 3)
     assert metrics["eval/reward/mean"] == pytest.approx(0.0) and metrics["eval/score"] == pytest.approx(0.0)
@@ -45,7 +45,7 @@ def test_greedy_metrics_come_from_the_reward() -> None:
 
 
 def test_pass_at_k() -> None:
-    reward = PythonFunctionReward(f"{__name__}:says_yes", success_at=2.0)
+    reward = PythonFunctionReward(fn=f"{__name__}:says_yes", success_at=2.0)
     metrics = evaluate(ScriptedEngine(), PROMPTS, TASKS, reward, EvalPlan(max_tokens=8, pass_k=4))
     assert metrics["eval/score"] == metrics["eval/accuracy"] == pytest.approx(1 / 3)
     assert metrics["eval/pass_at_4"] == pytest.approx(2 / 3)  # tasks a and c have a solved sample

@@ -19,9 +19,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from grpo_pipe.data.prompts import a_few, cut_to
 from grpo_pipe.episodes.metrics import episode_metrics
 from grpo_pipe.interfaces import EpisodeRunner, Reward, RolloutEngine
-from grpo_pipe.prompts import a_few, cut_to
 from grpo_pipe.types import (
     Completion,
     RewardOutput,
