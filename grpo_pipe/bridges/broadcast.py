@@ -31,7 +31,7 @@ from grpo_pipe.bridges.collective import (
 from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.shared_memory import copy_targets
 from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.interfaces import Policy, WorkerRpcEngine
+from grpo_pipe.interfaces import Policy, RolloutEngine, WorkerRpcEngine
 from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
 from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head
 from grpo_pipe.types import SyncStats
@@ -82,10 +82,11 @@ class BroadcastBridge:
         self.bucket_bytes = bucket_mb * 2**20
         self.host = host
         self.timeout_s = timeout_s
-        self.engine: Any = None
+        self.engine: WorkerRpcEngine | None = None  # whose workers receive the broadcast
+        self._dtype: torch.dtype | None = None  # the dtype the engine holds its weights in
         self._group: Any = None
         self._store: Any = None
-        self._plan: tuple[Any, list[Bucket], list[dict]] | None = None  # (names, shapes, dtype) -> buckets
+        self._plan: tuple[Any, list[Bucket], list[dict[str, Any]]] | None = None  # (names, shapes, dtype) -> buckets
 
     @property
     def resolved_backend(self) -> str:
@@ -94,7 +95,7 @@ class BroadcastBridge:
         return self.backend
 
     def check(self, engine: object, policy: object) -> list[str]:
-        problems = []
+        problems: list[str] = []
         if not isinstance(engine, WorkerRpcEngine):
             problems.append(f"weight_bridge=nccl needs an engine whose workers run bridge code, got {type(engine).__name__}")
         if self.resolved_backend == "nccl" and not torch.cuda.is_available():
@@ -104,8 +105,10 @@ class BroadcastBridge:
     def engine_options(self) -> dict[str, Any]:
         return worker_extension(BroadcastReceiver)
 
-    def connect(self, engine: Any, policy: Any) -> None:
-        self.engine = engine
+    def connect(self, engine: RolloutEngine, policy: Policy) -> None:
+        if not isinstance(engine, WorkerRpcEngine):  # `check` refused this before anything loaded
+            raise TypeError(f"weight_bridge=nccl needs an engine whose workers run bridge code, got {type(engine).__name__}")
+        self.engine, self._dtype = engine, engine.weight_dtype
         world_size = 1 + engine.worker_count()  # one broadcast reaches every engine worker at once
         self._store = host_store(self.host, self.timeout_s, world_size)
         port = self._store.port
@@ -118,12 +121,12 @@ class BroadcastBridge:
         joining.wait(self.timeout_s)
 
     def push(self, policy: Policy, version: int) -> SyncStats:
-        if self.engine is None or self._group is None:
+        if self.engine is None or self._group is None or self._dtype is None:
             raise RuntimeError("bridge used before connect()")
         engine = self.engine
         started = time.perf_counter()
         sources = [(name, t.detach()) for name, t in policy.named_weights()]
-        plan, wire = self._plan_for(sources, engine.weight_dtype)
+        plan, wire = self._plan_for(sources, self._dtype)
         gathered = time.perf_counter()
         receiving = _Call(lambda: engine.call_workers("grpo_receive_weights", wire, timeout_s=self.timeout_s))
         try:
@@ -144,7 +147,7 @@ class BroadcastBridge:
             policy_version=version,
         )
 
-    def _plan_for(self, sources: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> tuple[list[Bucket], list[dict]]:
+    def _plan_for(self, sources: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> tuple[list[Bucket], list[dict[str, Any]]]:
         """The buckets for these tensors in the engine's dtype, and their wire form: planned once, reused
         while the names and shapes stay the same (every sync of a run)."""
         key = (dtype, tuple((name, tuple(t.shape)) for name, t in sources))
@@ -184,7 +187,7 @@ class BroadcastReceiver(EngineWorker):
     def grpo_open_weight_group(self, backend: str, host: str, port: int, timeout_s: float, world_size: int) -> None:
         self._grpo_group, self._grpo_store = join_group(backend, host, port, timeout_s, world_size)
 
-    def grpo_receive_weights(self, wire_plan: list[dict]) -> dict[str, float]:
+    def grpo_receive_weights(self, wire_plan: list[dict[str, Any]]) -> dict[str, float]:
         """Receive every bucket and load it. Returns bytes received and the receive / load times.
 
         On a GPU each bucket is copied straight into the engine's parameter slices it belongs to (one
@@ -208,7 +211,7 @@ class BroadcastReceiver(EngineWorker):
                 received.extend(views)
             elif targets is not None:
                 with torch.no_grad():  # `_foreach_copy_` is torch's own, though not among its exports
-                    torch._foreach_copy_(list(targets[index]), [view for _, view in views])  # pyright: ignore[reportPrivateImportUsage]
+                    torch._foreach_copy_(list(targets[index]), [view for _, view in views])  # pyright: ignore[reportPrivateImportUsage, reportPrivateUsage]
             else:
                 self.model_runner.model.load_weights(weights=views)
         arrived = time.perf_counter()

@@ -39,7 +39,7 @@ class CheckpointRestartBridge:
     def engine_options(self) -> dict[str, Any]:
         return {}
 
-    def connect(self, engine: RolloutEngine, policy: Any) -> None:
+    def connect(self, engine: RolloutEngine, policy: Policy) -> None:
         self.engine = engine
         self._source = engine.model_path
         if self.directory is None:

@@ -23,7 +23,7 @@ T = TypeVar("T")
 _RANK_COUNTER = "grpo_pipe/next_engine_rank"
 
 # Public as `torch.distributed.TCPStore` (documented), but torch's package does not re-export it to a type checker.
-TCPStore = dist.TCPStore  # pyright: ignore[reportPrivateImportUsage]
+TCPStore = dist.TCPStore  # pyright: ignore[reportPrivateImportUsage, reportPrivateUsage]
 
 
 class Group(Protocol):
@@ -80,7 +80,8 @@ def plan_buckets(weights: Sequence[tuple[str, torch.Tensor]], bucket_bytes: int)
 
 def by_bucket(items: Sequence[T], buckets: Sequence[Bucket]) -> list[Sequence[T]]:
     """`items`, one per tensor in plan order, cut into one run per bucket."""
-    runs, start = [], 0
+    runs: list[Sequence[T]] = []
+    start = 0
     for bucket in buckets:
         runs.append(items[start : start + len(bucket.specs)])
         start += len(bucket.specs)
@@ -92,7 +93,7 @@ def pack(bucket: Bucket, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
     launch (no intermediate copy per tensor)."""
     flat = torch.empty(bucket.numel, dtype=getattr(torch, bucket.dtype), device=tensors[0].device)
     with torch.no_grad():  # torch does not export its _foreach ops, though `_foreach_copy_` is theirs
-        torch._foreach_copy_([view for _, view in unpack(flat, bucket)], list(tensors))  # pyright: ignore[reportPrivateImportUsage]
+        torch._foreach_copy_([view for _, view in unpack(flat, bucket)], list(tensors))  # pyright: ignore[reportPrivateImportUsage, reportPrivateUsage]
     return flat
 
 
@@ -100,7 +101,8 @@ def unpack(flat: torch.Tensor, bucket: Bucket) -> list[tuple[str, torch.Tensor]]
     """Named views, one per tensor of `bucket`, into its flat buffer: typed as the bucket (a broadcast's
     receive buffer) or raw bytes (a shared-memory mapping), which are viewed as the bucket's dtype first."""
     values = flat.view(getattr(torch, bucket.dtype)) if flat.dtype == torch.uint8 else flat  # [bucket.numel]
-    views, offset = [], 0
+    views: list[tuple[str, torch.Tensor]] = []
+    offset = 0
     for spec in bucket.specs:
         numel = int(torch.Size(spec.shape).numel())
         views.append((spec.name, values[offset : offset + numel].view(spec.shape)))

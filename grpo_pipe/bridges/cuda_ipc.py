@@ -23,7 +23,7 @@ import torch
 
 from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.shared_memory import cuda_handle, engine_views, open_handle
-from grpo_pipe.interfaces import AdapterPolicy, LocalEngine, ModulePolicy
+from grpo_pipe.interfaces import AdapterPolicy, LocalEngine, ModulePolicy, Policy
 from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
 from grpo_pipe.types import SyncStats
 
@@ -40,7 +40,7 @@ class CudaIpcBridge:
         self._engine_tensors: dict[str, torch.Tensor] = {}  # keeps the mapped engine storage open
 
     def check(self, engine: object, policy: object) -> list[str]:
-        problems = []
+        problems: list[str] = []
         if not torch.cuda.is_available():
             problems.append(
                 "weight_bridge=ipc needs a CUDA GPU (trainer and engine share one copy of the weights in GPU "
@@ -103,7 +103,7 @@ class CudaIpcBridge:
             view.copy_(param.data)  # the engine starts from exactly the trainer's weights
             param.data = view  # share storage; the trainer's own tensor is freed here
 
-    def push(self, policy: Any, version: int) -> SyncStats:
+    def push(self, policy: Policy, version: int) -> SyncStats:
         if self.engine is None:
             raise RuntimeError("bridge used before connect()")
         started = time.perf_counter()

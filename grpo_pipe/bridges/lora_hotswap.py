@@ -129,7 +129,7 @@ class LoraHotSwapBridge:
                 and not (engine.in_process and engine.on_gpu))
 
     def check(self, engine: object, policy: object) -> list[str]:
-        problems = []
+        problems: list[str] = []
         if not isinstance(engine, AdapterEngine):
             problems.append(f"weight_bridge=lora needs an engine that serves LoRA adapters, got {type(engine).__name__}")
         elif self.transport == "memory" and not self._memory_capable(engine):

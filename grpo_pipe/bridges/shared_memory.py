@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +31,10 @@ def _bytes(text: str | None) -> bytes | None:
 
 def cuda_handle(tensor: torch.Tensor) -> dict[str, Any]:
     """Plain data from which another process on the same GPU maps `tensor` (no copy)."""
-    from torch.multiprocessing.reductions import reduce_tensor
+    from torch.multiprocessing import reductions
 
-    _, reduced = reduce_tensor(tensor.detach())
-    args: tuple[Any, ...] = reduced  # a CUDA tensor's 15 fields (the declared type covers every kind of tensor)
+    reduce_tensor: Callable[[torch.Tensor], tuple[object, tuple[Any, ...]]] = reductions.__dict__["reduce_tensor"]  # untyped
+    _, args = reduce_tensor(tensor.detach())  # a CUDA tensor's 15 fields
     (_, size, stride, offset, _, dtype, device, handle, storage_bytes, storage_offset,
      _, ref_handle, ref_offset, event_handle, event_sync) = args
     return {"kind": "cuda", "size": list(size), "stride": list(stride), "offset": int(offset),
@@ -48,8 +48,9 @@ def open_handle(handle: Mapping[str, Any]) -> torch.Tensor:
     """The tensor another process described with `cuda_handle` or `SharedBuckets.handles`."""
     if handle["kind"] == "file":
         return torch.from_file(handle["path"], shared=True, size=int(handle["nbytes"]), dtype=torch.uint8)
-    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+    from torch.multiprocessing import reductions
 
+    rebuild_cuda_tensor: Callable[..., torch.Tensor] = reductions.__dict__["rebuild_cuda_tensor"]  # untyped in torch
     return rebuild_cuda_tensor(
         torch.Tensor, torch.Size(handle["size"]), tuple(handle["stride"]), handle["offset"], torch.UntypedStorage,
         getattr(torch, handle["dtype"]), handle["device"], _bytes(handle["handle"]), handle["storage_bytes"],
@@ -158,7 +159,7 @@ class SharedBuckets:
         with torch.no_grad():
             # One fused launch per batch of tensors, casting as needed. (torch does not list its _foreach
             # ops among its exports, though `torch._foreach_copy_` is theirs.)
-            torch._foreach_copy_(self.views, sources)  # pyright: ignore[reportPrivateImportUsage]
+            torch._foreach_copy_(self.views, sources)  # pyright: ignore[reportPrivateImportUsage, reportPrivateUsage]
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # the worker reads on its own stream, in its own process
 

@@ -62,7 +62,7 @@ class WeightBridge(Protocol):
 
     sync_every: int
 
-    def check(self, engine: RolloutEngine, policy: Any) -> list[str]:
+    def check(self, engine: RolloutEngine, policy: object) -> list[str]:
         """Config problems (e.g. needs a GPU, needs an in-process engine); reported before anything loads."""
         ...
 
