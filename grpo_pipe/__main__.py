@@ -68,7 +68,6 @@ def main() -> None:
     composes and runs the job."""
     from grpo_pipe.config.output_dirs import output_dir_problems
     from grpo_pipe.config.overrides import override_problems, problems_beside
-    from grpo_pipe.runner.components import build
 
     if sys.argv[1:] in (["--version"], ["-V"]):
         print(versions())
@@ -77,6 +76,8 @@ def main() -> None:
     logging.captureWarnings(True)  # library warnings (FutureWarning, ...) go where the job's config sends py.warnings
     problems = override_problems(sys.argv[1:]) + output_dir_problems(sys.argv[1:], Path.cwd())
     if problems:
+        from grpo_pipe.runner.components import build  # after quiet_libraries: it imports torch, which reads its log level once
+
         report_config_error(ConfigError(list(dict.fromkeys(problems + problems_beside(sys.argv[1:], problems, build)))))
         sys.exit(2)
     run_job()
