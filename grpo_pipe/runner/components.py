@@ -77,10 +77,10 @@ def build(cfg: DictConfig) -> Components:
     # Paths, columns, importable functions: checked on the built components, still before anything loads.
     problems = [p if p.startswith(f"{g}.") else f"{g}.{p}"  # a component may name its own keys in full
                 for g, part in built.items() if isinstance(part, ChecksItsConfig) for p in part.config_problems()]
+    parts = Components(**built)
+    problems += combination_problems(parts)  # before `place`: judged on the engine as configured; with the above
     if problems:
         raise ConfigError(problems)
-    parts = Components(**built)
-    problems = combination_problems(parts)  # before `place`: judged on the engine as configured
     problems += record_timestamps_if_read(parts.rollout, parts.reward)  # before `place`: engine actors get a copy
     configured = parts.rollout
     parts.rollout = parts.placement.place(configured)

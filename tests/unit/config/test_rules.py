@@ -1,0 +1,84 @@
+"""Every rule about the config, one bad value each: the job's one error list names the setting, before anything loads.
+
+A new rule gets a row here. The list is what `build` (the runner's check of a composed config) reports; each rule is
+stated once, beside the setting it constrains (a type hint, a constructor's range check, a component's
+`config_problems`, or a rule across groups)."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.runner.components import build
+
+TOOLS = ["environment=tools", "environment.tools=[calculator]"]
+RULES: list[tuple[list[str], str]] = [
+    # types and allowed values, from the constructors' signatures
+    (["trainer.lr=fast"], "trainer.lr='fast': expected a number"),
+    (["loss.aggregation=mean_of_everything"], "loss.aggregation"),
+    (["+trainer.nonsense=1"], "trainer.nonsense"),
+    # the trainer and its loss
+    (["trainer.steps=0"], "trainer.steps=0: must be >= 1"),
+    (["trainer.lr=0"], "trainer.lr=0"),
+    (["trainer.grad_clip=0"], "trainer.grad_clip=0"),
+    (["trainer.micro_batch_size=0"], "trainer.micro_batch_size=0"),
+    (["trainer.updates_per_batch=0"], "trainer.updates_per_batch=0"),
+    (["trainer.max_bad_steps=0"], "trainer.max_bad_steps=0"),
+    (["loss.is_cap=0"], "loss.is_cap=0"),
+    (["loss.cispo_max=0"], "loss.cispo_max=0"),
+    (["loss.entropy_coef=-0.1"], "loss.entropy_coef=-0.1"),
+    (["loss.entropy_floor=0"], "loss.entropy_floor=0"),
+    (["loss.ratio_reference=sampler", "loss.is_cap=2.0"], "with loss.ratio_reference=sampler"),
+    # the engine
+    (["rollout.max_model_len=64", "run.max_new_tokens=64"], "run.max_new_tokens=64 leaves no room for a prompt"),
+    (["run.max_new_tokens=0"], "run.max_new_tokens=0: must be >= 1"),
+    (["rollout.device_ids='0'", "rollout.in_process=true"], "rollout.device_ids='0' needs rollout.in_process=false"),
+    (["rollout.tensor_parallel_size=0"], "rollout.tensor_parallel_size=0"),
+    # the run
+    (["run.shutdown_grace_s=0"], "run.shutdown_grace_s=0"),
+    (["run.top_p=0.9"], "run.top_p=0.9"),
+    (["run.mismatch_warn=0"], "run.mismatch_warn=0"),
+    # curricula and data
+    (["curriculum.samples_per_prompt=1"], "curriculum.samples_per_prompt=1"),
+    (["curriculum=kde_buckets", "curriculum.ema_decay=1.0"], "curriculum.ema_decay=1.0"),
+    (["data=arithmetic", "data.terms=1"], "data.terms=1: must be >= 2"),
+    (["data=jsonl", "data.train_path=/nonexistent/tasks.jsonl"], "no such file"),
+    # async rollouts
+    (["rollout_scheduler.max_staleness=-1"], "max_staleness=-1: must be >= 0"),
+    (["rollout_scheduler.stale_policy=wait"], "stale_policy"),
+    (["weight_bridge.sync_every=3", "rollout_scheduler.max_staleness=0"], "< weight_bridge.sync_every - 1"),
+    (["rollout.background=true", "rollout_scheduler.max_staleness=0"], "rollout.background=true with"),
+    # bridges and placement
+    (["weight_bridge.sync_every=0"], "weight_bridge.sync_every=0: must be >= 1"),
+    (["weight_bridge.bucket_mb=0"], "weight_bridge.bucket_mb=0"),
+    (["weight_bridge=lora", "policy=full"], "weight_bridge=lora needs policy=lora"),
+    (["weight_bridge=lora", "policy=lora", "weight_bridge.max_loras=1"], "weight_bridge.max_loras=1"),
+    (["weight_bridge=checkpoint", "weight_bridge.keep_last=0"], "weight_bridge.keep_last=0"),
+    (["weight_bridge=nccl", "weight_bridge.backend=nccl"], "weight_bridge.backend=nccl needs CUDA GPUs"),
+    (["weight_bridge=ipc"], "weight_bridge=ipc needs a CUDA GPU"),
+    (["placement.sleep_level=3"], "placement.sleep_level=3"),
+    (["placement.sleep_level=1"], "placement.sleep_level=1 needs rollout.enable_sleep_mode=true"),
+    (["trainer=fsdp"], "with placement=colocated"),
+    (["placement=split", "placement.num_engines=0"], "placement.num_engines=0"),
+    (["placement=split", "rollout.tensor_parallel_size=2"], "rollout.tensor_parallel_size=2"),
+    # checkpoints
+    (["checkpoint.keep_last=0"], "checkpoint.keep_last=0"),
+    # episodes
+    ([*TOOLS, "environment.max_turns=0"], "environment.max_turns=0: must be >= 1"),
+    ([*TOOLS, "environment.tool_timeout_s=0"], "environment.tool_timeout_s=0"),
+    ([*TOOLS, "environment.max_episode_tokens=4096"], "environment.max_episode_tokens=4096 leaves no room"),
+    (["environment=tools", "environment.tools=[nowhere.py:lookup]"], "nowhere.py"),
+    (["environment=atropos", "reward=correctness"], "with reward=environment"),  # beside the next problem
+    (["environment=atropos", "reward=correctness"], "environment.environments: none to start"),
+    # rewards
+    (["reward=python", "reward.fn=nowhere.py:score"], "nowhere.py"),
+    (["reward=python", "reward.fn=nowhere.py:score", "reward.completions=html"], "reward.completions='html'"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "named"), RULES, ids=[" ".join(o) for o, _ in RULES])
+def test_each_rule_is_named_in_the_one_error_list_before_anything_loads(compose_cfg, overrides, named) -> None:
+    with pytest.raises(ConfigError) as refused:
+        build(compose_cfg(overrides))
+    problems = refused.value.problems
+    assert any(named in problem for problem in problems), problems
