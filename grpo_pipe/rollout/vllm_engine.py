@@ -147,6 +147,10 @@ class VllmEngine:
             max_num_seqs=self.max_num_seqs,
             seed=self.seed,
             tensor_parallel_size=self.tensor_parallel_size,
+            # The engine's tensor-parallel workers are processes of its own, on the devices it was given. Left to
+            # choose, vLLM picks its Ray executor inside a Ray actor (placement=split) and waits, without end or
+            # message, for GPUs that the actor itself already holds.
+            **({"distributed_executor_backend": "mp"} if self.tensor_parallel_size > 1 else {}),
             disable_log_stats=not self.request_timestamps,  # vLLM records request timestamps with its stats
             logprobs_mode="processed_logprobs",  # log-probs of the distribution actually sampled from
             use_tqdm_on_load=False,  # a progress bar per weight load: console noise

@@ -65,7 +65,7 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
         tracker.set_tags({"grpo_pipe.resumed_from_step": str(resume_from.step)})
     config_yaml = OmegaConf.to_yaml(OmegaConf.create(_plain(cfg)))
     recipe = GRPORecipe(parts=parts, config_yaml=config_yaml, output_dir=job.output_dir, overrides=job.overrides)
-    status = "FAILED"
+    status, reason = "FAILED", ""
     stop = StopRequest(grace_s=parts.run.shutdown_grace_s)
     try:
         if resume_from is None:
@@ -79,8 +79,11 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
     except KeyboardInterrupt:
         status = "KILLED"
         raise
+    except Exception as err:
+        reason = f"{type(err).__name__}: {err}"
+        raise
     finally:
-        _finish(tracker, recipe, status, stop)
+        _finish(tracker, recipe, status, stop, reason)
 
 
 def run_name(name: str | None, job: JobContext) -> str:
@@ -91,17 +94,21 @@ def run_name(name: str | None, job: JobContext) -> str:
     return f"{name}: {job.run_name}" if job.sweep_dir else name
 
 
-def _finish(tracker: Tracker, recipe: GRPORecipe, status: str, stop: StopRequest) -> None:
-    """Record the run's outcome, then release the engine and the trainer.
+def _finish(tracker: Tracker, recipe: GRPORecipe, status: str, stop: StopRequest, reason: str) -> None:
+    """Record the run's outcome (and what failed), then release the engine and the trainer.
 
     In this order because a stop's grace deadline may end the process during the engine's shutdown (a loaded
-    machine, an engine that hangs): the outcome must be recorded by then. During a stop the tracker may wait for
-    an absent server for half the grace left, so that the engine still gets the other half."""
+    machine, an engine that hangs), as may a job's own time limit while a rank hangs in a collective: the outcome
+    and its reason must be recorded by then. During a stop the tracker may wait for an absent server for half the
+    grace left, so that the engine still gets the other half."""
     remaining = stop.remaining_s()
     try:
+        if reason:
+            tracker.set_tags({"grpo_pipe.error": reason[:5000]})
         tracker.close(status, within_s=None if remaining is None else remaining / 2)
     finally:
-        log.info("Run %s; shutting down the engine and the trainer", status.lower())  # seconds, not a hang
+        because = f" ({reason.splitlines()[0][:300]})" if reason else ""
+        log.info("Run %s%s; shutting down the engine and the trainer", status.lower(), because)  # seconds, not a hang
         recipe.cleanup()
 
 

@@ -55,3 +55,6 @@ def test_a_run_whose_disk_fills_up_stops_with_the_error_and_keeps_its_last_check
     client = MlflowClient(tracking_uri=f"sqlite:///{store}")
     [run] = client.search_runs([client.get_experiment_by_name("grpo_pipe").experiment_id])
     assert run.info.status == "FAILED"
+    # The reason is recorded before the engine and trainer shut down (a hung shutdown cannot take it along).
+    assert "checkpoint not written" in run.data.tags["grpo_pipe.error"]
+    assert "Run failed (" in out and out.index("Run failed (") < out.index("Stopped: checkpoint not written")

@@ -55,6 +55,13 @@ def test_defaults_are_the_fastest_layout_of_each_machine(monkeypatch) -> None:
     assert VllmEngine(device_ids="1").in_process is False  # an engine on another GPU needs its own process
 
 
+def test_a_tensor_parallel_engine_runs_its_workers_as_its_own_processes() -> None:
+    # Inside a Ray actor (placement=split) vLLM would otherwise pick its Ray executor and wait forever for GPUs
+    # that the actor already holds: seen on four H100s, a TP-2 replica that never generated.
+    assert VllmEngine(tensor_parallel_size=2).engine_kwargs(Path("m"))["distributed_executor_backend"] == "mp"
+    assert "distributed_executor_backend" not in VllmEngine().engine_kwargs(Path("m"))  # one device: vLLM's own choice
+
+
 def _prompt_logprobs(engine: VllmEngine, prompts) -> list[tuple[tuple[int, ...], tuple[float, ...], int]]:
     groups = engine.generate(prompts, [1] * len(prompts), SamplingSettings(temperature=0.0, top_p=1.0, max_tokens=6))
     return [(g[0].token_ids, g[0].logprobs, g[0].telemetry.cached_prompt_tokens) for g in groups]
