@@ -169,7 +169,7 @@ def _limit(name: str, bridge: Any, nbytes: int, median_s: float, cold_start_s: f
 def raw_broadcast(bridge: Any, nbytes: int) -> None:
     """One flat broadcast of `nbytes` to the same engine worker, through the same group."""
     from grpo_pipe.bridges.broadcast import _Call
-    from grpo_pipe.bridges.collective import broadcast
+    from grpo_pipe.transport.collective import broadcast
 
     engine = bridge.engine
     receiving = _Call(lambda: engine.call_workers("grpo_receive_raw", nbytes, timeout_s=bridge.timeout_s))

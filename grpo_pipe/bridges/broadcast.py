@@ -16,7 +16,13 @@ from typing import Any, Literal
 
 import torch
 
-from grpo_pipe.bridges.collective import (
+from grpo_pipe.bridges.contract import check_sync_every
+from grpo_pipe.bridges.shared_memory import copy_targets
+from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.interfaces import Policy, RolloutEngine, SendingPolicy, WorkerRpcEngine
+from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
+from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head
+from grpo_pipe.transport.collective import (
     TRAINER_RANK,
     Bucket,
     broadcast,
@@ -28,13 +34,9 @@ from grpo_pipe.bridges.collective import (
     plan_buckets,
     unpack,
 )
-from grpo_pipe.bridges.contract import check_sync_every
-from grpo_pipe.bridges.shared_memory import copy_targets
-from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.interfaces import Policy, RolloutEngine, WorkerRpcEngine
-from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
-from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head
 from grpo_pipe.types import SyncStats
+
+_SENDER_JOINED = object()  # the group lives in the sending policy's process, not here
 
 
 class _Call:
@@ -87,6 +89,7 @@ class BroadcastBridge:
         self._group: Any = None
         self._store: Any = None
         self._plan: tuple[Any, list[Bucket], list[dict[str, Any]]] | None = None  # (names, shapes, dtype) -> buckets
+        self._sender: SendingPolicy | None = None  # a policy that broadcasts from its own process
 
     @property
     def resolved_backend(self) -> str:
@@ -117,7 +120,12 @@ class BroadcastBridge:
                 "grpo_open_weight_group", self.resolved_backend, self.host, port, self.timeout_s, world_size
             )
         )
-        self._group = open_group(self._store, self.resolved_backend, self.timeout_s, world_size)
+        self._sender = policy if isinstance(policy, SendingPolicy) and policy.sends_own_weights else None
+        if self._sender is not None:  # the group's rank 0 is the policy's own process (the sharded trainer's rank 0)
+            self._sender.open_weight_group(self.resolved_backend, self.host, port, self.timeout_s, world_size)
+            self._group = _SENDER_JOINED
+        else:
+            self._group = open_group(self._store, self.resolved_backend, self.timeout_s, world_size)
         joining.wait(self.timeout_s)
 
     def push(self, policy: Policy, version: int) -> SyncStats:
@@ -125,12 +133,17 @@ class BroadcastBridge:
             raise RuntimeError("bridge used before connect()")
         engine = self.engine
         started = time.perf_counter()
-        sources = [(name, t.detach()) for name, t in policy.named_weights()]
-        plan, wire = self._plan_for(sources, self._dtype)
+        if self._sender is not None:
+            specs = [(name, torch.empty(shape, device="meta")) for name, shape in self._sender.weight_specs()]
+            _, wire = self._plan_for(specs, self._dtype)
+            sources: list[tuple[str, torch.Tensor]] = []
+        else:
+            sources = [(name, t.detach()) for name, t in policy.named_weights()]
+            _, wire = self._plan_for(sources, self._dtype)
         gathered = time.perf_counter()
         receiving = _Call(lambda: engine.call_workers("grpo_receive_weights", wire, timeout_s=self.timeout_s))
         try:
-            self._send(plan, [t for _, t in sources])
+            sender_times = self._send_all(sources)
         except RuntimeError:  # the receiving side went away mid-broadcast: its call says why (a lost engine
             receiving.wait(self.timeout_s)  # raises EngineLost, which the runner recovers from)
             raise
@@ -138,14 +151,23 @@ class BroadcastBridge:
         reports = receiving.wait(self.timeout_s)  # one per engine worker
         engine.after_external_weight_update()
         done = time.perf_counter()
+        gather_s = sender_times["gather_s"] if sender_times else gathered - started
         return SyncStats(
-            gather_s=gathered - started,
-            transport_s=sent - gathered,
+            gather_s=gather_s,
+            transport_s=sent - gathered - (gather_s if sender_times else 0.0),
             load_s=max(float(r["load_s"]) for r in reports),
             pause_s=done - started,
             bytes_moved=int(sum(r["bytes"] for r in reports)),
             policy_version=version,
         )
+
+    def _send_all(self, sources: list[tuple[str, torch.Tensor]]) -> dict[str, float] | None:
+        """Send from here, or have the policy's own process send (its gather and send times, then)."""
+        assert self._plan is not None  # planned by `push` just before
+        if self._sender is not None:
+            return self._sender.broadcast_weights(self._plan[2])
+        self._send(self._plan[1], [t for _, t in sources])
+        return None
 
     def _plan_for(self, sources: list[tuple[str, torch.Tensor]], dtype: torch.dtype) -> tuple[list[Bucket], list[dict[str, Any]]]:
         """The buckets for these tensors in the engine's dtype, and their wire form: planned once, reused
@@ -178,7 +200,12 @@ class BroadcastBridge:
                 self.engine.call_workers("grpo_close_weight_group", timeout_s=self.timeout_s)
             except Exception:  # the engine may already be gone; nothing left to release here
                 pass
-        self.engine, self._group, self._store = None, None, None
+        if self._sender is not None:
+            try:
+                self._sender.close_weight_group()
+            except Exception:  # a lost trainer rank: the run is stopping anyway
+                pass
+        self.engine, self._group, self._store, self._sender = None, None, None, None
 
 
 class BroadcastReceiver(EngineWorker):

@@ -27,7 +27,6 @@ from typing import Any, Protocol
 
 import torch
 
-from grpo_pipe.bridges.collective import plan_buckets
 from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.shared_memory import SharedBuckets, map_buckets
 from grpo_pipe.config.errors import ConfigError
@@ -36,6 +35,7 @@ from grpo_pipe.models.files import folder_bytes, replace_atomically
 from grpo_pipe.rollout import worker_adapters
 from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
 from grpo_pipe.runtime import env
+from grpo_pipe.transport.collective import plan_buckets
 from grpo_pipe.types import SyncStats
 
 TRANSPORTS = ("auto", "memory", "folder")

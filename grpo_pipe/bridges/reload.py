@@ -18,13 +18,13 @@ from typing import Any
 
 import torch
 
-from grpo_pipe.bridges.collective import plan_buckets
 from grpo_pipe.bridges.contract import check_sync_every
 from grpo_pipe.bridges.shared_memory import SharedBuckets, copy_targets, map_buckets
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import LocalEngine, Policy
 from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
 from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head
+from grpo_pipe.transport.collective import plan_buckets
 from grpo_pipe.types import SyncStats
 
 log = logging.getLogger(__name__)

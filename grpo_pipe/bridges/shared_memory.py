@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from grpo_pipe.bridges.collective import Bucket, unpack
 from grpo_pipe.runtime import env
+from grpo_pipe.transport.collective import Bucket, unpack
 
 
 def _hex(raw: bytes | None) -> str | None:

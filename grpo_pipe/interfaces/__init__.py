@@ -37,7 +37,7 @@ from grpo_pipe.interfaces.sources import (
     TaskSource,
 )
 from grpo_pipe.interfaces.training import Placement, PolicyLoss, Trainer
-from grpo_pipe.interfaces.weights import AdapterPolicy, ModulePolicy, Policy, WeightBridge
+from grpo_pipe.interfaces.weights import AdapterPolicy, ModulePolicy, Policy, SendingPolicy, WeightBridge
 
 __all__ = [
     "AdapterEngine",
@@ -63,6 +63,7 @@ __all__ = [
     "RecordsRequestTimestamps",
     "Reward",
     "RolloutEngine",
+    "SendingPolicy",
     "RolloutSource",
     "RolloutSourceFactory",
     "TaskSource",

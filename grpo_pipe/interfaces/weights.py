@@ -52,6 +52,32 @@ class AdapterPolicy(Protocol):
 
 
 @runtime_checkable
+class SendingPolicy(Policy, Protocol):
+    """A policy whose weights live in other processes (the sharded trainer's ranks) and that can join a bridge's
+    collective group as its sending rank, so a sync never carries the whole model through this process."""
+
+    @property
+    def sends_own_weights(self) -> bool:
+        """False where the weights must be assembled here first (a LoRA adapter merged into its base)."""
+        ...
+
+    def weight_specs(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Names and shapes of `named_weights`, in its order, without gathering a tensor."""
+        ...
+
+    def open_weight_group(self, backend: str, host: str, port: int, timeout_s: float, world_size: int) -> None:
+        """Join the group whose store listens at host:port as the sending rank; returns once all joined."""
+        ...
+
+    def broadcast_weights(self, wire_plan: list[dict[str, Any]]) -> dict[str, float]:
+        """Broadcast every bucket of the plan, each tensor cast to its bucket's dtype. Returns `gather_s`
+        (assembling full tensors from shards) and `send_s` (the whole broadcast)."""
+        ...
+
+    def close_weight_group(self) -> None: ...
+
+
+@runtime_checkable
 class WeightBridge(Protocol):
     """Moves trained weights into the live engine.
 

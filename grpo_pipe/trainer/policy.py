@@ -36,7 +36,7 @@ def _load_causal_lm(model_path: Path, device: torch.device, dtype: torch.dtype) 
     return model
 
 
-def _hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """state_dict entries under checkpoint names; a tied lm_head is included only as the embedding."""
     tied = bool(getattr(model.config, "tie_word_embeddings", False))
     for name, tensor in model.state_dict().items():
@@ -76,11 +76,11 @@ class FullFinetunePolicy:
         return [p for p in self._module().parameters() if p.requires_grad]
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        return _hf_weights(self._module())
+        return hf_weights(self._module())
 
     def save_pretrained(self, path: Path, dtype: torch.dtype | None = None) -> None:
         module = self._module()
-        state = None if dtype is None else {k: v.to(dtype) for k, v in _hf_weights(module)}
+        state = None if dtype is None else {k: v.to(dtype) for k, v in hf_weights(module)}
         module.save_pretrained(path, state_dict=state, safe_serialization=True)
 
     def _module(self) -> PreTrainedModel:
@@ -152,7 +152,7 @@ class LoraPolicy:
         try:
             merged = [
                 (k.replace(".base_layer", ""), v.clone())
-                for k, v in _hf_weights(module.get_base_model())
+                for k, v in hf_weights(module.get_base_model())
                 if "lora_" not in k
             ]
         finally:
@@ -204,7 +204,7 @@ class LoraPolicy:
         module.merge_adapter()
         try:
             base = cast("PreTrainedModel", module.get_base_model())  # the model `load` wrapped
-            state = {k.replace(".base_layer", ""): v.to(dtype or v.dtype) for k, v in _hf_weights(base) if "lora_" not in k}
+            state = {k.replace(".base_layer", ""): v.to(dtype or v.dtype) for k, v in hf_weights(base) if "lora_" not in k}
             base.save_pretrained(path, state_dict=state, safe_serialization=True)
         finally:
             module.unmerge_adapter()

@@ -27,6 +27,8 @@ import datetime
 import logging
 import os
 import socket
+import time
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -37,6 +39,8 @@ import torch.distributed as dist
 
 from grpo_pipe.trainer.batch import TrainSample
 from grpo_pipe.trainer.grpo import BatchPlan, GRPOTrainer, PassCache
+from grpo_pipe.trainer.policy import hf_weights
+from grpo_pipe.transport.collective import TRAINER_RANK, Bucket, Group, join_as_sender, pack
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,8 @@ class ShardWorker:
         trainer.policy = ShardOnLoad(trainer.policy, self.compute_dtype, trainer.loss.needs_reference)
         self.trainer = trainer
         self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        self._weight_group: tuple[Group, Any] | None = None  # rank 0's place in a weight bridge's group (+ its store)
+        self._in_flight_limit = 1
 
     def address(self) -> tuple[str, int]:
         """This node's address and a free port, for the rendezvous (asked of rank 0 only)."""
@@ -205,6 +211,45 @@ class ShardWorker:
         model, optim = get_state_dict(*self._live(), options=options)
         return {"model": model, "optim": optim, "counters": self.counters()} if self.rank == 0 else {}
 
+    def weight_specs(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Names and whole shapes of the weights `broadcast_weights` sends (a shard's shape is the whole one)."""
+        return [(name, tuple(tensor.shape)) for name, tensor in hf_weights(self._live()[0])]
+
+    def open_weight_group(self, backend: str, host: str, port: int, timeout_s: float, world_size: int) -> None:
+        """Rank 0 joins a weight bridge's group as its sender; the other ranks only help gather (no-op here)."""
+        self.close_weight_group()
+        if self.rank == 0:
+            self._weight_group = join_as_sender(backend, host, port, timeout_s, world_size)
+            self._in_flight_limit = 2 if backend == "nccl" else 1  # gloo's own threads: one bucket at a time, in order
+
+    def broadcast_weights(self, wire_plan: list[dict[str, Any]]) -> dict[str, float]:
+        """Every rank gathers each whole tensor from the shards (a collective); rank 0 casts and packs each bucket
+        and broadcasts it from its GPU, so the weights never leave the cards for a host or another process.
+        At most two buckets are in flight: the next is packed while the previous travels, in bounded memory."""
+        started = time.perf_counter()
+        gathering = 0.0
+        group = self._weight_group[0] if self._weight_group is not None else None
+        if self.rank == 0 and group is None:
+            raise RuntimeError("broadcast_weights before open_weight_group")
+        weights = dict(hf_weights(self._live()[0]))
+        in_flight: deque[tuple[Any, torch.Tensor]] = deque()
+        for bucket in (Bucket.from_wire(wire) for wire in wire_plan):
+            began = time.perf_counter()
+            whole = [_whole(weights[spec.name]) for spec in bucket.specs]
+            gathering += time.perf_counter() - began
+            if group is None:  # not rank 0: this rank only helped gather
+                continue
+            if len(in_flight) == self._in_flight_limit:
+                in_flight.popleft()[0].wait()
+            flat = pack(bucket, whole)
+            in_flight.append((group.broadcast(flat, TRAINER_RANK), flat))
+        for work, _ in in_flight:
+            work.wait()
+        return {"gather_s": gathering, "send_s": time.perf_counter() - started}
+
+    def close_weight_group(self) -> None:
+        self._weight_group = None  # the store's client and the group go with their last reference
+
     def leave(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -220,6 +265,12 @@ class ShardWorker:
         if module is None or optimizer is None:
             raise RuntimeError("rank used before setup()")
         return module, optimizer
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    """A sharded (DTensor) weight gathered whole on every rank; a plain tensor as it is."""
+    gather = getattr(tensor, "full_tensor", None)
+    return gather() if gather is not None else tensor
 
 
 def _base_model(module: Any) -> Any:

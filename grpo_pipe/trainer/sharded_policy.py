@@ -1,7 +1,8 @@
 """The sharded trainer's policy as the weight bridges and the best/final export see it.
 
-Weights are gathered unsharded on rank 0 and reach this process through Ray, so exports and bridges
-work the same whether the ranks run on this machine or on others. A LoRA policy is merged here
+For exports and the bridges that read files or tensors here, weights are gathered unsharded on rank 0 and reach
+this process through Ray, so they work the same whether the ranks run on this machine or on others. The `nccl`
+bridge does not take that road: rank 0 joins its group and broadcasts from its GPU (`SendingPolicy`). A LoRA policy is merged here
 (W + B A * alpha / r, peft's formula without rsLoRA or DoRA, which the LoRA policy does not use).
 """
 
@@ -54,6 +55,23 @@ class ShardedPolicy:
             if self.ranks.tie_word_embeddings and name == "lm_head.weight":
                 continue
             yield name, tensor
+
+    # A bridge's sending rank (`SendingPolicy`): rank 0 broadcasts from its GPU, the other ranks help it gather.
+    @property
+    def sends_own_weights(self) -> bool:
+        return not self.is_lora  # an adapter is merged into its base here, from `named_weights`
+
+    def weight_specs(self) -> list[tuple[str, tuple[int, ...]]]:
+        return [(name, tuple(shape)) for name, shape in self.ranks.collect("weight_specs")]
+
+    def open_weight_group(self, backend: str, host: str, port: int, timeout_s: float, world_size: int) -> None:
+        self.ranks.collect("open_weight_group", backend, host, port, timeout_s, world_size)
+
+    def broadcast_weights(self, wire_plan: list[dict[str, Any]]) -> dict[str, float]:
+        return dict(self.ranks.collect("broadcast_weights", wire_plan))
+
+    def close_weight_group(self) -> None:
+        self.ranks.collect("close_weight_group")
 
     def save_pretrained(self, path: Path, dtype: torch.dtype | None = None) -> None:
         """A plain Hugging Face folder (config + safetensors) that vLLM or transformers load."""

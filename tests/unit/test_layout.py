@@ -13,7 +13,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("types", "dtypes"),                                  # value types shared by every layer
     ("runtime", "config"),                                # the process (signals, env variables); config checking
     ("interfaces",),                                      # the Protocols
-    ("data", "models", "curriculum", "tracking", "serving", "checkpoint"),
+    ("data", "models", "curriculum", "tracking", "serving", "checkpoint", "transport"),
     ("rewards", "trainer", "episodes"),
     ("rollout", "evaluation"),
     ("bridges", "placement"),

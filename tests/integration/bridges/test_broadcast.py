@@ -3,7 +3,7 @@ import time
 import pytest
 import torch
 
-from grpo_pipe.bridges.collective import by_bucket, host_store, open_group, pack, plan_buckets, unpack
+from grpo_pipe.transport.collective import by_bucket, host_store, open_group, pack, plan_buckets, unpack
 from tests.bridge_equality import train_sync_and_compare
 
 

@@ -5,6 +5,7 @@ errors of the scale-out options."""
 
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ from grpo_pipe.placement.resources import gpu_problems
 from grpo_pipe.rollout.ray_engine import _shares
 from grpo_pipe.runner.components import Components
 from grpo_pipe.runner.pipeline import JobContext, build, run
+from grpo_pipe.trainer.sharded_policy import ShardedPolicy
 from tests.bridge_equality import train_sync_and_compare
 
 SCALE_OUT = ["placement=split", "trainer=fsdp", "trainer.world_size=2", "weight_bridge=nccl", "placement.num_engines=2"]
@@ -36,18 +38,28 @@ def two_nodes() -> Iterator[str]:
         cluster.shutdown()
 
 
-def test_two_node_cluster_trains_on_two_ranks_and_syncs_two_replicas(compose_cfg, two_nodes: str, tmp_path) -> None:
+def test_two_node_cluster_trains_on_two_ranks_and_syncs_two_replicas(compose_cfg, two_nodes: str, tmp_path,
+                                                                    monkeypatch) -> None:
+    """Rank 0 broadcasts the weights itself: a sync never gathers the model into this process (at 7B that was
+    30 GB through Ray and the host per sync, and the first sync never finished)."""
     import ray
 
     cfg = compose_cfg([*SCALE_OUT, f"placement.ray_address={two_nodes}", "trainer.micro_batch_size=4"])
     nodes: set[str] = set()
+    gathered_here = ShardedPolicy.named_weights
+
+    def not_during_a_sync(self: ShardedPolicy):
+        assert not any(frame.function == "push" for frame in inspect.stack()), "a sync gathered the weights here"
+        return gathered_here(self)
+
+    monkeypatch.setattr(ShardedPolicy, "named_weights", not_during_a_sync)
 
     def where_everything_ran(parts: Components) -> None:
         actors = parts.placement._actors + parts.trainer.workers
         nodes.update(ray.get([a.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()) for a in actors]))
 
-    stats = train_sync_and_compare(cfg, tmp_path / "saved", before_close=where_everything_ran)
-    assert stats.bytes_moved > 0
+    stats = train_sync_and_compare(cfg, tmp_path / "saved", before_close=where_everything_ran, push_every_step=True)
+    assert stats.bytes_moved > 0 and stats.gather_s > 0
     assert len(nodes) == 2  # engines and trainer ranks spread over both nodes
 
 

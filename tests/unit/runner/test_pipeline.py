@@ -28,11 +28,14 @@ class _Ending:
         if self._close_fails:
             raise OSError("the tracking store is read-only")
 
+    def set_tags(self, tags: dict[str, str]) -> None:
+        self.calls.append(("set_tags", tags))
+
     def cleanup(self) -> None:
         self.calls.append(("cleanup",))
 
-    def finish(self, status: str) -> None:
-        _finish(cast(Any, self), cast(GRPORecipe, self), status, cast(StopRequest, self))
+    def finish(self, status: str, reason: str = "") -> None:
+        _finish(cast(Any, self), cast(GRPORecipe, self), status, cast(StopRequest, self), reason)
 
 
 def test_a_finished_run_is_recorded_then_releases_the_engine_with_the_trackers_own_wait() -> None:
@@ -52,6 +55,16 @@ def test_the_engine_is_released_even_when_recording_the_outcome_fails() -> None:
     with pytest.raises(OSError, match="read-only"):
         ending.finish("FAILED")
     assert ending.calls == [("close", "FAILED", None), ("cleanup",)]
+
+
+def test_a_failed_runs_reason_is_recorded_before_the_engine_and_trainer_shut_down() -> None:
+    ending = _Ending(remaining_s=None)
+    ending.finish("FAILED", reason="TimeoutError: engine did not finish the weight transfer within 120s")
+    assert ending.calls == [
+        ("set_tags", {"grpo_pipe.error": "TimeoutError: engine did not finish the weight transfer within 120s"}),
+        ("close", "FAILED", None),
+        ("cleanup",),
+    ]
 
 
 def test_a_named_experiments_sweep_children_keep_what_differs_in_their_names() -> None:

@@ -132,6 +132,14 @@ def join_group(
     return _group_on(store, backend, rank, world_size, timeout), store
 
 
+def join_as_sender(backend: str, host: str, port: int, timeout_s: float, world_size: int) -> tuple[Group, TCPStore]:
+    """The sending side, from a process other than the one that hosts the store (a sharded trainer's rank 0):
+    blocks until every engine worker joined, or fails after `timeout_s`."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store = TCPStore(host, port, world_size, False, timeout=timeout)
+    return _group_on(store, backend, TRAINER_RANK, world_size, timeout), store
+
+
 def _group_on(
     store: Store, backend: str, rank: int, world_size: int, timeout: datetime.timedelta
 ) -> Group:
