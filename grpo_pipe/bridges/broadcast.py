@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 import torch
 
-from grpo_pipe.bridges.contract import check_sync_every
+from grpo_pipe.bridges.contract import sync_every_rule
 from grpo_pipe.bridges.shared_memory import copy_targets
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import failed
 from grpo_pipe.interfaces import Policy, RolloutEngine, SendingPolicy, WorkerRpcEngine
 from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
 from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head
@@ -73,14 +73,9 @@ class BroadcastBridge:
         host: str = "127.0.0.1",
         timeout_s: float = 120.0,
     ) -> None:
-        problems = [message for ok, message in (
-            (bucket_mb >= 1, f"weight_bridge.bucket_mb={bucket_mb}: must be >= 1"),
-            (backend in ("auto", "gloo", "nccl"), f"weight_bridge.backend={backend!r}: allowed: auto, gloo, nccl"),
-        ) if not ok]
-        if problems:
-            raise ConfigError(problems)
-        self.sync_every = check_sync_every(sync_every)
+        self.sync_every = sync_every
         self.backend = backend
+        self.bucket_mb = bucket_mb
         self.bucket_bytes = bucket_mb * 2**20
         self.host = host
         self.timeout_s = timeout_s
@@ -90,6 +85,13 @@ class BroadcastBridge:
         self._store: Any = None
         self._plan: tuple[Any, list[Bucket], list[dict[str, Any]]] | None = None  # (names, shapes, dtype) -> buckets
         self._sender: SendingPolicy | None = None  # a policy that broadcasts from its own process
+
+    def config_problems(self) -> list[str]:
+        return failed(
+            sync_every_rule(self.sync_every),
+            (self.bucket_mb >= 1, f"weight_bridge.bucket_mb={self.bucket_mb}: must be >= 1"),
+            (self.backend in ("auto", "gloo", "nccl"), f"weight_bridge.backend={self.backend!r}: allowed: auto, gloo, nccl"),
+        )
 
     @property
     def resolved_backend(self) -> str:

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.bridges.contract import check_sync_every
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.bridges.contract import sync_every_rule
+from grpo_pipe.config.errors import failed
 from grpo_pipe.interfaces import Policy, RolloutEngine
 from grpo_pipe.models.files import copy_tokenizer_files, folder_bytes, replace_atomically
 from grpo_pipe.types import SyncStats
@@ -20,9 +20,7 @@ from grpo_pipe.types import SyncStats
 
 class CheckpointRestartBridge:
     def __init__(self, sync_every: int = 1, keep_last: int = 1, directory: str | None = None) -> None:
-        if keep_last < 1:
-            raise ConfigError([f"weight_bridge.keep_last={keep_last}: must be >= 1"])
-        self.sync_every = check_sync_every(sync_every)
+        self.sync_every = sync_every
         self.keep_last = keep_last
         self.directory = directory
         self.engine: RolloutEngine | None = None
@@ -30,6 +28,12 @@ class CheckpointRestartBridge:
         self._owns_root = False
         self._source: Path | None = None  # the original model folder: tokenizer files come from it
         self._written: list[Path] = []
+
+    def config_problems(self) -> list[str]:
+        return failed(
+            sync_every_rule(self.sync_every),
+            (self.keep_last >= 1, f"weight_bridge.keep_last={self.keep_last}: must be >= 1"),
+        )
 
     def check(self, engine: object, policy: object) -> list[str]:
         if not isinstance(engine, RolloutEngine):

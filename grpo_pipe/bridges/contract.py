@@ -2,7 +2,7 @@
 
 A bridge only moves weights and reports the phases only it can see (gather, transport, load). The
 caller pushes through `push_weights`, which times the whole sync and records the version the engine
-serves afterwards; `sync_due` says when a push is due and `check_sync_every` checks the setting.
+serves afterwards; `sync_due` says when a push is due and `sync_every_rule` states the setting's rule.
 """
 
 from __future__ import annotations
@@ -10,17 +10,14 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.interfaces import Policy, RolloutEngine, WeightBridge
 from grpo_pipe.types import SyncStats
 
 
-def check_sync_every(sync_every: int) -> int:
-    """The bridge setting, checked when the bridge is built (so before anything loads)."""
-    if sync_every < 1:
-        raise ConfigError([f"weight_bridge.sync_every={sync_every}: must be >= 1"])
-    return sync_every
+def sync_every_rule(sync_every: int) -> tuple[bool, str]:
+    """The rule of every bridge's `sync_every`, for the bridge's `config_problems`."""
+    return sync_every >= 1, f"weight_bridge.sync_every={sync_every}: must be >= 1"
 
 
 def sync_due(version: int, pushed_version: int, sync_every: int) -> bool:

@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 
-from grpo_pipe.bridges.contract import check_sync_every
+from grpo_pipe.bridges.contract import sync_every_rule
 from grpo_pipe.bridges.shared_memory import cuda_handle, engine_views, open_handle
+from grpo_pipe.config.errors import failed
 from grpo_pipe.interfaces import AdapterPolicy, LocalEngine, ModulePolicy, Policy
 from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
 from grpo_pipe.types import SyncStats
@@ -34,10 +35,13 @@ def _engine_model(worker: Any) -> Any:
 
 class CudaIpcBridge:
     def __init__(self, sync_every: int = 1) -> None:
-        self.sync_every = check_sync_every(sync_every)
+        self.sync_every = sync_every
         self.engine: LocalEngine | None = None
         self.shared_bytes = 0
         self._engine_tensors: dict[str, torch.Tensor] = {}  # keeps the mapped engine storage open
+
+    def config_problems(self) -> list[str]:
+        return failed(sync_every_rule(self.sync_every))
 
     def check(self, engine: object, policy: object) -> list[str]:
         problems: list[str] = []

@@ -27,9 +27,9 @@ from typing import Any, Protocol
 
 import torch
 
-from grpo_pipe.bridges.contract import check_sync_every
+from grpo_pipe.bridges.contract import sync_every_rule
 from grpo_pipe.bridges.shared_memory import SharedBuckets, map_buckets
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import failed
 from grpo_pipe.interfaces import AdapterEngine, AdapterPolicy, MemoryAdapterEngine
 from grpo_pipe.models.files import folder_bytes, replace_atomically
 from grpo_pipe.rollout import worker_adapters
@@ -110,17 +110,21 @@ class FolderTransport:
 
 class LoraHotSwapBridge:
     def __init__(self, *, sync_every: int = 1, max_lora_rank: int = 16, max_loras: int = 2, transport: str = "auto") -> None:
-        if max_loras < 2:
-            raise ConfigError([f"weight_bridge.max_loras={max_loras}: must be >= 2 (the old and the new adapter)"])
-        if transport not in TRANSPORTS:
-            raise ConfigError([f"weight_bridge.transport={transport!r}: must be one of {', '.join(TRANSPORTS)}"])
-        self.sync_every = check_sync_every(sync_every)
+        self.sync_every = sync_every
         self.max_lora_rank = max_lora_rank
         self.max_loras = max_loras
         self.transport = transport
         self.engine: AdapterEngine | None = None
         self._transport: AdapterTransport | None = None  # chosen at connect: `auto` depends on the engine
         self._live: list[int] = []  # adapter ids loaded in the engine, oldest first
+
+    def config_problems(self) -> list[str]:
+        return failed(
+            sync_every_rule(self.sync_every),
+            (self.max_loras >= 2, f"weight_bridge.max_loras={self.max_loras}: must be >= 2 (the old and the new adapter)"),
+            (self.transport in TRANSPORTS,
+             f"weight_bridge.transport={self.transport!r}: must be one of {', '.join(TRANSPORTS)}"),
+        )
 
     @staticmethod
     def _memory_capable(engine: object) -> bool:

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from grpo_pipe.bridges.contract import check_sync_every
+from grpo_pipe.bridges.contract import sync_every_rule
 from grpo_pipe.bridges.shared_memory import SharedBuckets, copy_targets, map_buckets
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import failed
 from grpo_pipe.interfaces import LocalEngine, Policy
 from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
 from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head
@@ -32,12 +32,17 @@ log = logging.getLogger(__name__)
 
 class ReloadBridge:
     def __init__(self, sync_every: int = 1, bucket_mb: int = 1024) -> None:
-        if bucket_mb < 1:
-            raise ConfigError([f"weight_bridge.bucket_mb={bucket_mb}: must be >= 1"])
-        self.sync_every = check_sync_every(sync_every)
+        self.sync_every = sync_every
+        self.bucket_mb = bucket_mb
         self.bucket_bytes = bucket_mb * 2**20
         self.engine: LocalEngine | None = None
         self._buckets: SharedBuckets | None = None
+
+    def config_problems(self) -> list[str]:
+        return failed(
+            sync_every_rule(self.sync_every),
+            (self.bucket_mb >= 1, f"weight_bridge.bucket_mb={self.bucket_mb}: must be >= 1"),
+        )
 
     def check(self, engine: object, policy: object) -> list[str]:
         """Problems with this engine, reported with the rest of the config errors."""

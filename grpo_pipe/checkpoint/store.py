@@ -30,7 +30,7 @@ import torch
 from omegaconf import OmegaConf
 
 from grpo_pipe.checkpoint.manifest import ManifestedFolder, describe, fsync, manifest_problems
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import failed
 from grpo_pipe.runtime.halt import halt_point
 
 STEP_PREFIX = "step-"
@@ -93,8 +93,6 @@ class CheckpointManager:
         directory: str | None = None,
         on_save_error: Literal["stop", "warn"] = "stop",
     ) -> None:
-        if every < 0 or keep_last < 1:
-            raise ConfigError([f"checkpoint.every={every} must be >= 0 and checkpoint.keep_last={keep_last} >= 1"])
         self.every = every  # steps between checkpoints; 0 = only at the end (and on a clean stop)
         self.keep_last = keep_last
         self.best_metric = best_metric  # higher is better; None = keep no best
@@ -104,6 +102,13 @@ class CheckpointManager:
         self.on_save_error = on_save_error
         self.root: Path | None = None
         self.best_value: float | None = None
+
+    def config_problems(self) -> list[str]:
+        return failed(
+            (self.every >= 0, f"checkpoint.every={self.every}: must be >= 0 (0: only at the end)"),
+            (self.keep_last >= 1, f"checkpoint.keep_last={self.keep_last}: must be >= 1"),
+            (self.on_save_error in ("stop", "warn"), f"checkpoint.on_save_error={self.on_save_error!r}: allowed: stop, warn"),
+        )
 
     def attach(self, output_dir: Path) -> None:
         """Checkpoints go to `directory`, else `<run output dir>/checkpoints`."""

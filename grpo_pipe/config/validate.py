@@ -54,7 +54,7 @@ def validate_config(cfg: DictConfig, groups: Sequence[str], plain_keys: Sequence
             well_typed.append(group)
     problems.extend(_cross_field_problems_read_safely(cfg))  # each rule reads its values defensively
     if problems:  # report the constructors' own range checks with them, not on the next try
-        problems.extend(_each_constructor_alone(cfg, well_typed))
+        problems.extend(_each_constructor_alone(cfg, well_typed, groups))
         raise ConfigError(list(dict.fromkeys(problems)))
 
 
@@ -126,20 +126,31 @@ def instantiate_components(cfg: DictConfig, groups: Sequence[str], nested: Seque
         except (InstantiationException, ValueError, TypeError) as err:
             problems.extend(_constructor_problems(group, err))
     if problems:
-        problems.extend(_each_constructor_alone(cfg, (*groups, *nested)))
+        problems.extend(_each_constructor_alone(cfg, (*groups, *nested), (*groups, *nested)))
         raise ConfigError(list(dict.fromkeys(problems)))
     return parts
 
 
-def _each_constructor_alone(cfg: DictConfig, groups: Sequence[str]) -> list[str]:
-    """Every group's constructor run on its own scalars (nested components left as config): its range checks."""
+def component_problems(group: str, part: object, groups: Sequence[str]) -> list[str]:
+    """A built component's own rules (`config_problems`), each under the group's key. A problem that names a key
+    in full (of its own group, or of a group built inside it: the trainer's `loss.`) keeps it."""
+    if not callable(getattr(part, "config_problems", None)):
+        return []
+    found: list[str] = part.config_problems()  # type: ignore[attr-defined]
+    return [p if p.split(".", 1)[0] in (group, *groups) and "." in p else f"{group}.{p}" for p in found]
+
+
+def _each_constructor_alone(cfg: DictConfig, built: Sequence[str], groups: Sequence[str] = ()) -> list[str]:
+    """Every group built on its own scalars (nested components left as config), and its own rules: reported
+    with the type and cross-field problems, not on the next try."""
     problems: list[str] = []
-    for group in groups:
+    for group in built:
         try:
-            instantiate(cfg[group], _convert_="all", _recursive_=False)
+            alone = instantiate(cfg[group], _convert_="all", _recursive_=False)
+            problems.extend(component_problems(group, alone, groups))
         except (InstantiationException, ValueError) as err:
             problems.extend(_constructor_problems(group, err))
-        except Exception as err:  # noqa: BLE001 a constructor that needs its nested objects built: checked when built
+        except Exception as err:  # noqa: BLE001 a component that needs its nested objects built: checked when built
             log.debug("%s: not checked on its own (%s)", group, err)
     return problems
 

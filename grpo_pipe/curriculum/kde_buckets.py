@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import failed
 from grpo_pipe.curriculum.buckets import Bandwidth, Bucket, BucketFit, bucket_index, fit_buckets, rollouts_for
 from grpo_pipe.curriculum.passes import ShuffledPasses
 from grpo_pipe.curriculum.report import render_text, write_report
@@ -42,19 +42,6 @@ class KdeBucketCurriculum:
         bandwidth: Bandwidth = "scott",
         seed: int = 0,
     ) -> None:
-        problems = []
-        if prompts_per_step < 1:
-            problems.append(f"curriculum.prompts_per_step={prompts_per_step} must be >= 1")
-        if samples_per_prompt < 2:
-            problems.append(f"curriculum.samples_per_prompt={samples_per_prompt} must be >= 2 (GRPO compares samples)")
-        if alpha < 0 or n_buckets < 1:
-            problems.append(f"curriculum.alpha={alpha} must be >= 0 and curriculum.n_buckets={n_buckets} >= 1")
-        if not 0.0 <= ema_decay < 1.0:
-            problems.append(f"curriculum.ema_decay={ema_decay} must be in [0, 1)")
-        if refit_every is not None and refit_every < 1:
-            problems.append(f"curriculum.refit_every={refit_every} must be >= 1 or null (one pass over the split)")
-        if problems:
-            raise ConfigError(problems)
         self.prompts_per_step = prompts_per_step
         self.samples_per_prompt = samples_per_prompt  # the base group size
         self.alpha = alpha
@@ -71,6 +58,18 @@ class KdeBucketCurriculum:
         self.buckets: list[Bucket] = []  # empty until the first fit
         self._last_samples: list[int] = []
         self._pending: list[tuple[int, BucketFit]] = []  # reports not yet written
+
+    def config_problems(self) -> list[str]:
+        return failed(
+            (self.prompts_per_step >= 1, f"curriculum.prompts_per_step={self.prompts_per_step} must be >= 1"),
+            (self.samples_per_prompt >= 2,
+             f"curriculum.samples_per_prompt={self.samples_per_prompt} must be >= 2 (GRPO compares samples)"),
+            (self.alpha >= 0, f"curriculum.alpha={self.alpha} must be >= 0"),
+            (self.n_buckets >= 1, f"curriculum.n_buckets={self.n_buckets} must be >= 1"),
+            (0.0 <= self.ema_decay < 1.0, f"curriculum.ema_decay={self.ema_decay} must be in [0, 1)"),
+            (self.refit_every is None or self.refit_every >= 1,
+             f"curriculum.refit_every={self.refit_every} must be >= 1 or null (one pass over the split)"),
+        )
 
     @property
     def refit_period(self) -> int:

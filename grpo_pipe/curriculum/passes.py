@@ -6,7 +6,6 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.types import Task
 
 
@@ -23,7 +22,7 @@ class ShuffledPasses:
 
     def attach(self, tasks: Sequence[Task]) -> None:
         if not tasks:
-            raise ConfigError(["data: the train split is empty (check data.* settings and the skipped-row warnings)"])
+            raise ValueError("no tasks to take passes over (the job reports an empty train split before this)")
         self.tasks = list(tasks)
         self._order = self._permutation()
 

@@ -6,22 +6,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import failed
 from grpo_pipe.curriculum.passes import ShuffledPasses
 from grpo_pipe.types import Task
 
 
 class UniformCurriculum:
     def __init__(self, prompts_per_step: int = 8, samples_per_prompt: int = 8, seed: int = 0) -> None:
-        if prompts_per_step < 1 or samples_per_prompt < 2:
-            raise ConfigError([
-                f"curriculum.prompts_per_step={prompts_per_step} must be >= 1 and "
-                f"curriculum.samples_per_prompt={samples_per_prompt} >= 2 (GRPO compares samples within a group)"
-            ])
         self.prompts_per_step = prompts_per_step
         self.samples_per_prompt = samples_per_prompt
         self.seed = seed
         self.passes = ShuffledPasses(seed)
+
+    def config_problems(self) -> list[str]:
+        return failed(
+            (self.prompts_per_step >= 1, f"curriculum.prompts_per_step={self.prompts_per_step} must be >= 1"),
+            (self.samples_per_prompt >= 2, f"curriculum.samples_per_prompt={self.samples_per_prompt} must be >= 2 "
+                                           "(GRPO compares samples within a group)"),
+        )
 
     def attach(self, tasks: Sequence[Task]) -> None:
         self.passes.attach(tasks)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import failed
 from grpo_pipe.types import Task
 
 OPERATORS = ("+", "-", "*")
@@ -59,16 +59,6 @@ class ArithmeticTasks:
         seed: int = 0,
         system_prompt: str = "",
     ) -> None:
-        checks = [
-            (terms >= 2, f"data.terms={terms}: must be >= 2"),
-            (1 <= min_digits <= max_digits, f"data.min_digits={min_digits}, data.max_digits={max_digits}: "
-                                            "need 1 <= min_digits <= max_digits"),
-            (bool(operators) and set(operators) <= set(OPERATORS), f"data.operators={list(operators)}: allowed: "
-                                                                   f"a non-empty subset of {list(OPERATORS)}"),
-        ]
-        problems = [message for ok, message in checks if not ok]
-        if problems:
-            raise ConfigError(problems)
         self.terms, self.min_digits, self.max_digits = terms, min_digits, max_digits
         self.operators = list(operators)
         self.train_size, self.eval_size, self.seed = train_size, eval_size, seed
@@ -77,6 +67,15 @@ class ArithmeticTasks:
         self.max_bad_fraction = 0.0
         self._train: list[Task] | None = None
         self._eval: list[Task] | None = None
+
+    def config_problems(self) -> list[str]:
+        return failed(
+            (self.terms >= 2, f"data.terms={self.terms}: must be >= 2"),
+            (1 <= self.min_digits <= self.max_digits, f"data.min_digits={self.min_digits}, "
+                                                      f"data.max_digits={self.max_digits}: need 1 <= min_digits <= max_digits"),
+            (bool(self.operators) and set(self.operators) <= set(OPERATORS),
+             f"data.operators={self.operators}: allowed: a non-empty subset of {list(OPERATORS)}"),
+        )
 
     def _generate(self, size: int, seed: int, split: str) -> list[Task]:
         rng = random.Random(seed)

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import failed
 from grpo_pipe.data.prompts import chat_messages
 from grpo_pipe.episodes.call_formats import ParsedTurn, TagCalls
 from grpo_pipe.episodes.calling import Call, ToolResult, call_all
@@ -104,15 +104,6 @@ class ToolEpisodes:
         demonstration: Sequence[Mapping[str, str]] = (),
         background: bool | None = None,
     ) -> None:
-        checks = [
-            (max_turns >= 1, f"environment.max_turns={max_turns}: must be >= 1"),
-            (max_episode_tokens >= 1, f"environment.max_episode_tokens={max_episode_tokens}: must be >= 1"),
-            (max_result_chars >= 1, f"environment.max_result_chars={max_result_chars}: must be >= 1"),
-            (tool_timeout_s > 0, f"environment.tool_timeout_s={tool_timeout_s}: must be > 0"),
-        ]
-        problems = [message for ok, message in checks if not ok]
-        if problems:
-            raise ConfigError(problems)
         self.tool_specs = list(tools or [])
         self.tool_options = {name: dict(opts) for name, opts in (tool_options or {}).items()}
         self.environment_class = environment_class
@@ -139,7 +130,12 @@ class ToolEpisodes:
 
     def config_problems(self) -> list[str]:
         """Everything wrong with the tools and limits, found before any model loads."""
-        problems = []
+        problems = failed(
+            (self.max_turns >= 1, f"environment.max_turns={self.max_turns}: must be >= 1"),
+            (self.max_episode_tokens >= 1, f"environment.max_episode_tokens={self.max_episode_tokens}: must be >= 1"),
+            (self.max_result_chars >= 1, f"environment.max_result_chars={self.max_result_chars}: must be >= 1"),
+            (self.tool_timeout_s > 0, f"environment.tool_timeout_s={self.tool_timeout_s}: must be > 0"),
+        )
         if bool(self.tool_specs) == bool(self.environment_class):
             problems.append("set exactly one of tools (a list of functions) and environment_class (FILE.py:CLASS)")
             return problems

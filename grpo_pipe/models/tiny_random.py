@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import failed
 from grpo_pipe.models.cache import build_once
 from grpo_pipe.models.folder import FolderModelSource
 from grpo_pipe.runtime import env
@@ -53,11 +53,6 @@ class TinyRandomModel(FolderModelSource):
         max_position_embeddings: int = 1024,
         seed: int = 0,
     ) -> None:
-        if hidden_size // num_heads < 32:
-            raise ConfigError([
-                f"model.hidden_size / model.num_heads = {hidden_size // num_heads}: vLLM's CPU attention "
-                "needs head_dim >= 32 (e.g. 32, 64, 128)"
-            ])
         self.settings: dict[str, Any] = dict(  # Qwen2Config fields (and, with the seed, the cache key)
             hidden_size=hidden_size,
             num_hidden_layers=num_layers,
@@ -70,6 +65,15 @@ class TinyRandomModel(FolderModelSource):
             max_position_embeddings=max_position_embeddings,
         )
         self.seed = seed
+
+    def config_problems(self) -> list[str]:
+        heads = max(self.settings["num_attention_heads"], 1)
+        return failed(
+            (self.settings["num_attention_heads"] >= 1, f"model.num_heads={self.settings['num_attention_heads']}: must be >= 1"),
+            (self.settings["hidden_size"] // heads >= 32,
+             f"model.hidden_size / model.num_heads = {self.settings['hidden_size'] // heads}: vLLM's CPU attention "
+             "needs head_dim >= 32 (e.g. 32, 64, 128)"),
+        )
 
     def fetch_folder(self) -> Path:
         key = hashlib.sha256(json.dumps([self.settings, self.seed], sort_keys=True).encode()).hexdigest()[:12]

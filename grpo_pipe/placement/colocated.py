@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import failed
 from grpo_pipe.interfaces import RolloutEngine
 from grpo_pipe.placement.resources import ShardedTraining
 from grpo_pipe.rollout.errors import EngineGaveUp
@@ -17,10 +17,11 @@ from grpo_pipe.rollout.errors import EngineGaveUp
 
 class ColocatedPlacement:
     def __init__(self, sleep_level: int = 0) -> None:
-        if sleep_level not in (0, 1, 2):
-            raise ConfigError([f"placement.sleep_level={sleep_level}; allowed: 0, 1, 2"])
         self.sleep_level = sleep_level
         self._asleep = False
+
+    def config_problems(self) -> list[str]:
+        return failed((self.sleep_level in (0, 1, 2), f"placement.sleep_level={self.sleep_level}; allowed: 0, 1, 2"))
 
     def place(self, engine: RolloutEngine) -> RolloutEngine:
         return engine  # the engine lives right here, in the trainer's process

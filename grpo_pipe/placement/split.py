@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from grpo_pipe.config.dependencies import ray_problems
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import failed
 from grpo_pipe.interfaces import RolloutEngine
 from grpo_pipe.placement.resources import ShardedTraining, gpu_problems
 from grpo_pipe.rollout.errors import EngineGaveUp
@@ -43,11 +43,6 @@ class SplitPlacement:
         max_restarts: int = 3,
         restart_backoff_s: float = 2.0,
     ) -> None:
-        if num_engines < 1 or engine_cpus < 1 or engine_gpus < 0:
-            raise ConfigError([
-                f"placement.num_engines={num_engines} and engine_cpus={engine_cpus} must be >= 1, "
-                f"engine_gpus={engine_gpus} >= 0"
-            ])
         self.num_engines = num_engines
         self.engine_cpus = engine_cpus
         self.engine_gpus = engine_gpus
@@ -63,7 +58,11 @@ class SplitPlacement:
 
     def config_problems(self) -> list[str]:
         """Ray is an optional dependency: only this placement needs it."""
-        return ray_problems("_target_: placement=split")
+        return failed(
+            (self.num_engines >= 1, f"placement.num_engines={self.num_engines}: must be >= 1"),
+            (self.engine_cpus >= 1, f"placement.engine_cpus={self.engine_cpus}: must be >= 1"),
+            (self.engine_gpus >= 0, f"placement.engine_gpus={self.engine_gpus}: must be >= 0"),
+        ) + ray_problems("_target_: placement=split")
 
     def place(self, engine: RolloutEngine) -> RolloutEngine:
         if not isinstance(engine, VllmEngine):

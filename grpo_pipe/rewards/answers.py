@@ -16,7 +16,6 @@ import re
 import threading
 from typing import Protocol
 
-from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.data.numbers import parse_number
 
 _SIGN = r"(?:(?<![\w)\]])[-\u2212]\s?)?"  # a minus that is not a subtraction ("x-5", "3-2")
@@ -105,19 +104,20 @@ class BuiltinVerifier:
 class MathVerifyVerifier:
     """Hugging Face's `math-verify` (symbolic equivalence of LaTeX and plain expressions).
 
-    Needs the optional extra `grpo_pipe[math]` (`pip install math-verify`); the import is checked when
-    the verifier is built, so a missing package is a config error before any model loads.
+    Needs the optional extra `grpo_pipe[math]` (`pip install math-verify`); its reward reports a missing
+    package with the config's problems, before any model loads.
     """
 
     def __init__(self, timeout_s: int = 5) -> None:
+        self.timeout_s = timeout_s
+
+    def config_problems(self) -> list[str]:
         try:
             import math_verify  # noqa: F401
-        except ImportError as err:
-            raise ConfigError([
-                "reward.verifier=MathVerifyVerifier needs the `math-verify` package (pip install 'grpo_pipe[math]'); "
-                "the built-in parser (BuiltinVerifier) works offline"
-            ]) from err
-        self.timeout_s = timeout_s
+        except ImportError:
+            return ["verifier=MathVerifyVerifier needs the `math-verify` package (pip install 'grpo_pipe[math]'); "
+                    "the built-in parser (BuiltinVerifier) works offline"]
+        return []
 
     def __call__(self, text: str, reference: str) -> bool | None:
         from math_verify import parse, verify

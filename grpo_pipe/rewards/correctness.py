@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from grpo_pipe.interfaces import ChecksItsConfig
 from grpo_pipe.rewards.answers import BuiltinVerifier, Verifier
 from grpo_pipe.types import RewardOutput, RolloutGroup
 
@@ -24,6 +25,10 @@ class CorrectnessReward:
         self.correct = correct
         self.wrong = wrong
         self.unparsable = unparsable
+
+    def config_problems(self) -> list[str]:
+        # a verifier with a dependency of its own says so
+        return self.verifier.config_problems() if isinstance(self.verifier, ChecksItsConfig) else []
 
     def setup(self, model_path: Path, kv_dtype: torch.dtype) -> None:
         pass  # needs nothing from the model

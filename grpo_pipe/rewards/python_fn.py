@@ -45,9 +45,6 @@ class PythonFunctionReward:
 
     def __init__(self, *, fn: str, name: str | None = None, none_value: float = 0.0, success_at: float | None = 1.0,
                  completions: CompletionShape = "auto") -> None:
-        if completions not in ("auto", "text", "messages"):
-            raise ConfigError([f"reward.completions={completions!r}: allowed: auto (messages where the prompt is chat "
-                               "messages, as TRL), text, messages"])
         self.completions: CompletionShape = completions
         self.fn = fn
         self.name = name or fn.rsplit(":", 1)[-1]  # the term it is logged under: train/reward/<name>
@@ -56,6 +53,9 @@ class PythonFunctionReward:
         self._function: RewardFn | None = None
 
     def config_problems(self) -> list[str]:
+        if self.completions not in ("auto", "text", "messages"):
+            return [f"completions={self.completions!r}: allowed: auto (messages where the prompt is chat messages, "
+                    "as TRL), text, messages"]
         try:
             self.function()
         except Exception as err:  # noqa: BLE001 - whatever importing the user's module raised is a config problem

@@ -16,7 +16,6 @@ from typing import Any, cast
 
 import torch
 
-from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.types import RewardOutput, RolloutGroup
 
 _ANSWER_TAG = re.compile(r"<answer>\s?(.*?)\s?</answer>", re.DOTALL)
@@ -50,9 +49,9 @@ class ReasoningGymScore:
         for group in groups:
             entry = group.task.metadata.get(ENTRY_KEY)
             if entry is None:
-                raise ConfigError([
+                raise ValueError(
                     f"reward=reasoning_gym: task {group.task.uid} has no reasoning-gym entry; use data=reasoning_gym"
-                ])
+                )
             score = self._scorer(entry["metadata"]["source_dataset"])
             for completion in group.completions:
                 answer = extract_marked_answer(completion.text, self.marker)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import failed
 from grpo_pipe.dtypes import DTYPES, DtypeName
 from grpo_pipe.rollout import vllm_fixes
 from grpo_pipe.rollout.adapter_leases import AdapterLeases
@@ -61,8 +61,6 @@ class VllmEngine:
         request_timestamps: bool | None = None,
         background: bool | None = None,
     ) -> None:
-        if tensor_parallel_size < 1:
-            raise ConfigError([f"rollout.tensor_parallel_size={tensor_parallel_size}: must be >= 1"])
         self.tensor_parallel_size = tensor_parallel_size  # GPUs one replica spans (placement=split reserves them)
         self.dtype: DtypeName = dtype
         self.max_model_len = max_model_len
@@ -82,10 +80,6 @@ class VllmEngine:
         # None: the runner decides (on exactly when the reward reads them); an engine left at None records none.
         self.request_timestamps = request_timestamps
         self.speculative_config = dict(speculative_config) if speculative_config else None
-        if device_ids is not None and in_process:
-            raise ConfigError([
-                f"rollout.device_ids={device_ids!r} needs rollout.in_process=false (an engine process of its own)"
-            ])
         self.device_ids = device_ids
         # Syncs from other threads land between engine steps (off: they wait for the running generate call).
         self.in_flight = InFlightUpdates(enabled=in_flight_updates)
@@ -103,6 +97,13 @@ class VllmEngine:
         # reuses KV blocks computed with older weights, even while older requests still hold them (vLLM
         # refuses a prefix-cache reset then) and without the cost of a reset per sync.
         self.weights_epoch = 0
+
+    def config_problems(self) -> list[str]:
+        return failed(
+            (self.tensor_parallel_size >= 1, f"rollout.tensor_parallel_size={self.tensor_parallel_size}: must be >= 1"),
+            (self.device_ids is None or not self.in_process,
+             f"rollout.device_ids={self.device_ids!r} needs rollout.in_process=false (an engine process of its own)"),
+        )
 
     @property
     def served_version(self) -> int:

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.config.validate import instantiate_components, validate_config
+from grpo_pipe.config.validate import component_problems, instantiate_components, validate_config
 from grpo_pipe.interfaces import (
     CheckpointStore,
-    ChecksItsConfig,
     Curriculum,
     EpisodeRunner,
     GeneratesInBackground,
@@ -75,8 +74,7 @@ def build(cfg: DictConfig) -> Components:
     validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)
     built = instantiate_components(cfg, COMPONENT_GROUPS, nested=("policy", "loss", "optimizer"))
     # Paths, columns, importable functions: checked on the built components, still before anything loads.
-    problems = [p if p.startswith(f"{g}.") else f"{g}.{p}"  # a component may name its own keys in full
-                for g, part in built.items() if isinstance(part, ChecksItsConfig) for p in part.config_problems()]
+    problems = [p for group, part in built.items() for p in component_problems(group, part, VALIDATED_GROUPS)]
     parts = Components(**built)
     problems += combination_problems(parts)  # before `place`: judged on the engine as configured; with the above
     if problems:

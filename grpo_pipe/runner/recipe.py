@@ -332,7 +332,7 @@ class GRPORecipe:
 def check_data_and_reward(parts: Components, train: Sequence[Task], held_out: Sequence[Task]) -> None:
     """What only the loaded data can tell: too many broken rows, a held-out split smaller than asked for, and
     a user's reward function that fails on real rows (tried on four, with a placeholder completion)."""
-    problems = []
+    problems = [] if train else ["data: the train split is empty (check data.* settings and the skipped-row warnings)"]
     bad = bad_rows_problem(list(parts.data.skipped), len(train) + len(held_out), parts.data.max_bad_fraction)
     if bad:
         problems.append(bad)

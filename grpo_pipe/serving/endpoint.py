@@ -12,7 +12,6 @@ from typing import Any
 
 import uvicorn
 
-from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import RolloutEngine
 from grpo_pipe.serving.batcher import RequestBatcher
 from grpo_pipe.serving.openai_api import ServedModel, build_app, new_token
@@ -27,8 +26,8 @@ class EngineEndpoint:
     def __init__(self, *, engine: RolloutEngine, model: ServedModel, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, allow_remote: bool = False, request_timeout_s: float = 600.0) -> None:
         if not allow_remote and not _is_loopback(host):
-            raise ConfigError([f"endpoint host {host!r} is not a loopback address: the engine would answer other "
-                               "machines; use 127.0.0.1, or allow_remote=true behind your own network controls"])
+            raise ValueError(f"endpoint host {host!r} is not a loopback address: the engine would answer other "
+                             "machines; use 127.0.0.1, or allow_remote=true behind your own network controls")
         self.engine, self.model, self.host, self.port = engine, model, host, port
         self.token = token or new_token()
         self.request_timeout_s = request_timeout_s

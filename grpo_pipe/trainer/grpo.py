@@ -21,16 +21,16 @@ from typing import Any, Literal, Protocol, cast
 
 import torch
 
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import failed
 from grpo_pipe.dtypes import DtypeName
-from grpo_pipe.interfaces import PolicyLoss
+from grpo_pipe.interfaces import ChecksItsConfig, PolicyLoss
 from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_entropy, completion_logprobs, flatten
 from grpo_pipe.trainer.compiled import COMPILED_WIDTH_MULTIPLE, compile_layers, compile_on, warm_up
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.mismatch import MismatchSums, mismatch_sums
 from grpo_pipe.trainer.precision import AutocastName, Precision
 from grpo_pipe.trainer.rng import restore_rng, rng_state
-from grpo_pipe.trainer.schedule import warmup_schedule
+from grpo_pipe.trainer.schedule import WarmupSchedule
 from grpo_pipe.types import LossStats, RolloutGroup
 
 log = logging.getLogger(__name__)
@@ -106,26 +106,14 @@ class GRPOTrainer:
         skip_zero_advantage: bool = True,
         compile: bool | Literal["auto"] = "auto",
     ) -> None:
-        checks = [
-            (steps >= 1, f"trainer.steps={steps}: must be >= 1"),
-            (lr > 0, f"trainer.lr={lr}: must be > 0"),
-            (grad_clip > 0, f"trainer.grad_clip={grad_clip}: must be > 0"),
-            (micro_batch_size is None or micro_batch_size >= 1,
-             f"trainer.micro_batch_size={micro_batch_size}: must be >= 1, or null for the device's default"),
-            (updates_per_batch >= 1, f"trainer.updates_per_batch={updates_per_batch}: must be >= 1 (GRPO's mu)"),
-            (max_bad_steps >= 1, f"trainer.max_bad_steps={max_bad_steps}: must be >= 1"),
-            (compile in (True, False, "auto"), f"trainer.compile={compile}: must be auto, true or false"),
-        ]
-        problems = [message for ok, message in checks if not ok]
-        if problems:
-            raise ConfigError(problems)
         self.policy = policy
         self.loss: PolicyLoss = loss or GRPOLoss()
         self.optimizer_factory = optimizer or functools.partial(torch.optim.AdamW, betas=(0.9, 0.999), weight_decay=0.0)
-        self.schedule_factory = lr_schedule or functools.partial(warmup_schedule, name="constant")
+        self.schedule_factory = lr_schedule or WarmupSchedule(name="constant")
         self.steps = steps
         self.lr = lr
         self.grad_clip = grad_clip
+        self.micro_batch_size_setting = micro_batch_size
         self.micro_batch_size = micro_batch_size or default_micro_batch_size()
         self.updates_per_batch = updates_per_batch
         self.dtype_name = dtype
@@ -143,6 +131,21 @@ class GRPOTrainer:
         self.pad_id = 0
         self.logits_to_keep = False  # whether the model projects only the positions asked for (set in setup)
         self.width_multiple = 1  # micro-batch widths are padded to a multiple of this (8 for compiled layers)
+
+    def config_problems(self) -> list[str]:
+        """This trainer's rules, and those of the loss and schedule it was given."""
+        mbs = self.micro_batch_size_setting
+        own = failed(
+            (self.steps >= 1, f"trainer.steps={self.steps}: must be >= 1"),
+            (self.lr > 0, f"trainer.lr={self.lr}: must be > 0"),
+            (self.grad_clip > 0, f"trainer.grad_clip={self.grad_clip}: must be > 0"),
+            (mbs is None or mbs >= 1, f"trainer.micro_batch_size={mbs}: must be >= 1, or null for the device's default"),
+            (self.updates_per_batch >= 1, f"trainer.updates_per_batch={self.updates_per_batch}: must be >= 1 (GRPO's mu)"),
+            (self.max_bad_steps >= 1, f"trainer.max_bad_steps={self.max_bad_steps}: must be >= 1"),
+            (self.compile in (True, False, "auto"), f"trainer.compile={self.compile}: must be auto, true or false"),
+        )
+        parts = (self.loss, self.schedule_factory)
+        return own + [p for part in parts if isinstance(part, ChecksItsConfig) for p in part.config_problems()]
 
     def setup(self, model_path: Path, device: torch.device, pad_id: int) -> None:
         self.device = device

@@ -60,7 +60,7 @@ from typing import Literal
 
 import torch
 
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import failed
 from grpo_pipe.types import LossStats
 
 Aggregation = Literal["sequence_mean", "constant", "token_mean", "micro_batch_token_mean"]
@@ -111,30 +111,6 @@ class GRPOLoss:
         entropy_coef: float = 0.0,
         entropy_floor: float | None = None,
     ) -> None:
-        checks = [
-            (clip_low >= 0 and clip_high >= 0, f"loss.clip_low={clip_low}, loss.clip_high={clip_high}: must be >= 0"),
-            (kl_coef >= 0, f"loss.kl_coef={kl_coef}: must be >= 0"),
-            (aggregation != "constant" or (max_tokens is not None and max_tokens >= 1),
-             f"loss.max_tokens={max_tokens}: aggregation=constant needs a budget >= 1 (e.g. run.max_new_tokens)"),
-            (ratio_reference in ("policy", "sampler"),
-             f"loss.ratio_reference={ratio_reference}: allowed: policy (the trainer's own log-probs, truncated IS "
-             "against the sampler), sampler (the engine's sampling log-probs)"),
-            (is_cap is None or is_cap > 0, f"loss.is_cap={is_cap}: must be > 0, or null for no importance correction"),
-            (ratio_level in ("token", "sequence"),
-             f"loss.ratio_level={ratio_level}: allowed: token (a ratio per token), sequence (GSPO: one per completion)"),
-            (objective in ("clipped", "cispo"),
-             f"loss.objective={objective}: allowed: clipped (PPO's clipped surrogate), cispo (clipped IS weights)"),
-            (cispo_max > 0, f"loss.cispo_max={cispo_max}: must be > 0"),
-            (entropy_coef >= 0, f"loss.entropy_coef={entropy_coef}: must be >= 0 (0: no entropy bonus)"),
-            (entropy_floor is None or entropy_floor > 0,
-             f"loss.entropy_floor={entropy_floor}: must be > 0 (nats per token), or null for a bonus on every completion"),
-            (ratio_reference == "policy" or is_cap is None,
-             f"loss.is_cap={is_cap} with loss.ratio_reference=sampler: the sampler is already the ratio's reference; "
-             "set loss.is_cap=null, or loss.ratio_reference=policy"),
-        ]
-        problems = [message for ok, message in checks if not ok]
-        if problems:
-            raise ConfigError(problems)
         self.aggregation = aggregation
         self.normalize_std = normalize_std
         self.clip_low = clip_low
@@ -149,6 +125,31 @@ class GRPOLoss:
         self.cispo_max = cispo_max  # CISPO's upper bound on a token's (detached) ratio weight: ScaleRL's eps_max
         self.entropy_coef = entropy_coef
         self.entropy_floor = entropy_floor  # the bonus reaches only completions whose mean entropy is below it
+
+    def config_problems(self) -> list[str]:
+        return failed(
+            (self.clip_low >= 0 and self.clip_high >= 0,
+             f"loss.clip_low={self.clip_low}, loss.clip_high={self.clip_high}: must be >= 0"),
+            (self.kl_coef >= 0, f"loss.kl_coef={self.kl_coef}: must be >= 0"),
+            (self.aggregation != "constant" or (self.max_tokens is not None and self.max_tokens >= 1),
+             f"loss.max_tokens={self.max_tokens}: aggregation=constant needs a budget >= 1 (e.g. run.max_new_tokens)"),
+            (self.ratio_reference in ("policy", "sampler"),
+             f"loss.ratio_reference={self.ratio_reference}: allowed: policy (the trainer's own log-probs, truncated IS "
+             "against the sampler), sampler (the engine's sampling log-probs)"),
+            (self.is_cap is None or self.is_cap > 0,
+             f"loss.is_cap={self.is_cap}: must be > 0, or null for no importance correction"),
+            (self.ratio_level in ("token", "sequence"),
+             f"loss.ratio_level={self.ratio_level}: allowed: token (a ratio per token), sequence (GSPO: one per completion)"),
+            (self.objective in ("clipped", "cispo"),
+             f"loss.objective={self.objective}: allowed: clipped (PPO's clipped surrogate), cispo (clipped IS weights)"),
+            (self.cispo_max > 0, f"loss.cispo_max={self.cispo_max}: must be > 0"),
+            (self.entropy_coef >= 0, f"loss.entropy_coef={self.entropy_coef}: must be >= 0 (0: no entropy bonus)"),
+            (self.entropy_floor is None or self.entropy_floor > 0,
+             f"loss.entropy_floor={self.entropy_floor}: must be > 0 (nats per token), or null for a bonus on every completion"),
+            (self.ratio_reference == "policy" or self.is_cap is None,
+             f"loss.is_cap={self.is_cap} with loss.ratio_reference=sampler: the sampler is already the ratio's reference; "
+             "set loss.is_cap=null, or loss.ratio_reference=policy"),
+        )
 
     @property
     def needs_reference(self) -> bool:

@@ -1,4 +1,4 @@
-"""Learning-rate schedules, built as `_partial_` components: `schedule(optimizer, total_updates)`.
+"""Learning-rate schedules: `WarmupSchedule(name, warmup_steps)(optimizer, total_updates)`.
 
 A thin wrapper over transformers' schedules (imported only when a run builds one), so the yaml names
 what it sets (`name`, `warmup_steps`) and the trainer supplies what only it knows (its optimizer and
@@ -7,24 +7,29 @@ how many updates the run makes: `trainer.steps x trainer.updates_per_batch`).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import torch
 
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import failed
 
 ScheduleName = Literal["constant", "constant_with_warmup", "linear", "cosine"]
 
 
-def warmup_schedule(
-    optimizer: torch.optim.Optimizer,
-    total_updates: int,
-    name: ScheduleName = "constant_with_warmup",
-    warmup_steps: int = 0,
-) -> Any:
-    """An LR scheduler stepping once per optimizer update; `warmup_steps` counts updates."""
-    from transformers import get_scheduler
+class WarmupSchedule:
+    def __init__(self, *, name: ScheduleName = "constant_with_warmup", warmup_steps: int = 0) -> None:
+        self.name = name
+        self.warmup_steps = warmup_steps  # counts optimizer updates
 
-    if warmup_steps < 0:
-        raise ConfigError([f"warmup_steps={warmup_steps}: must be >= 0"])
-    return get_scheduler(name, optimizer, num_warmup_steps=warmup_steps, num_training_steps=total_updates)
+    def config_problems(self) -> list[str]:
+        return failed(
+            (self.warmup_steps >= 0, f"trainer.lr_schedule.warmup_steps={self.warmup_steps}: must be >= 0"),
+            (self.name in get_args(ScheduleName),
+             f"trainer.lr_schedule.name={self.name!r}: allowed: {', '.join(get_args(ScheduleName))}"),
+        )
+
+    def __call__(self, optimizer: torch.optim.Optimizer, total_updates: int) -> Any:
+        """An LR scheduler stepping once per optimizer update."""
+        from transformers import get_scheduler
+
+        return get_scheduler(self.name, optimizer, num_warmup_steps=self.warmup_steps, num_training_steps=total_updates)

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import torch
 
 from grpo_pipe.config.dependencies import ray_problems
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import failed
 from grpo_pipe.trainer.errors import TrainerLost
 from grpo_pipe.trainer.grpo import BatchPlan, GRPOTrainer
 from grpo_pipe.trainer.shard_worker import ShardWorker, deal
@@ -54,16 +54,12 @@ class ShardedTrainer:
         timeout_s: float = 300.0,
         **settings: Any,
     ) -> None:
-        if world_size < 1 or cpus_per_rank < 1 or gpus_per_rank < 0:
-            raise ConfigError([
-                f"trainer.world_size={world_size} and trainer.cpus_per_rank={cpus_per_rank} must be >= 1, "
-                f"trainer.gpus_per_rank={gpus_per_rank} >= 0"
-            ])
-        if settings.get("compile") is True:
-            raise ConfigError(["trainer.compile=true: not with trainer=fsdp (compiling sharded layers is not supported "
-                               "here yet); allowed: false, auto (= false for the sharded trainer)"])
+        self._asked_to_compile = settings.get("compile") is True
         settings["compile"] = False
-        self.template = GRPOTrainer(policy=policy, **_known_settings(settings))  # checks every single-device setting
+        allowed = [n for n in inspect.signature(GRPOTrainer).parameters if n != "policy"]
+        self._unknown = sorted(set(settings) - set(allowed))  # reported by `config_problems`, not passed on
+        known = {key: value for key, value in settings.items() if key in allowed}
+        self.template = GRPOTrainer(policy=policy, **known)  # its rules are every single-device setting's
         self.world_size = world_size
         self.compute_dtype = compute_dtype
         self.cpus_per_rank = cpus_per_rank
@@ -81,8 +77,21 @@ class ShardedTrainer:
 
     # The runner reads these as it would the single-device trainer's.
     def config_problems(self) -> list[str]:
-        """Ray is an optional dependency: each rank is a Ray actor."""
-        return ray_problems("_target_: trainer=fsdp")
+        """The sharded settings' rules, the single-device trainer's, and Ray's presence (each rank is a Ray actor)."""
+        allowed = [n for n in inspect.signature(GRPOTrainer).parameters if n != "policy"]
+        unknown = [
+            f"trainer.{key}: unknown setting for ShardedTrainer; allowed: world_size, compute_dtype, cpus_per_rank, "
+            f"gpus_per_rank, backend, timeout_s, {', '.join(allowed)}"
+            for key in self._unknown
+        ]
+        own = failed(
+            (self.world_size >= 1, f"trainer.world_size={self.world_size}: must be >= 1"),
+            (self.cpus_per_rank >= 1, f"trainer.cpus_per_rank={self.cpus_per_rank}: must be >= 1"),
+            (self.gpus_per_rank >= 0, f"trainer.gpus_per_rank={self.gpus_per_rank}: must be >= 0"),
+            (not self._asked_to_compile, "trainer.compile=true: not with trainer=fsdp (compiling sharded layers is not "
+                                         "supported here yet); allowed: false, auto (= false for the sharded trainer)"),
+        )
+        return unknown + own + self.template.config_problems() + ray_problems("_target_: trainer=fsdp")
 
     @property
     def steps(self) -> int:
@@ -234,19 +243,6 @@ class ShardedTrainer:
         if self.compute_dtype == "auto":
             return "bfloat16" if cuda else None
         return self.compute_dtype
-
-
-def _known_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    """The GRPOTrainer settings among `settings`; an unknown key is a config error naming what is allowed."""
-    allowed = [n for n in inspect.signature(GRPOTrainer).parameters if n != "policy"]
-    unknown = sorted(set(settings) - set(allowed))
-    if unknown:
-        raise ConfigError([
-            f"trainer.{key}: unknown setting for ShardedTrainer; allowed: world_size, compute_dtype, cpus_per_rank, "
-            f"gpus_per_rank, backend, timeout_s, {', '.join(allowed)}"
-            for key in unknown
-        ])
-    return settings
 
 
 TOKEN_MEANS = ("train/clip_fraction", "train/kl", "train/entropy", "train/is_", "mismatch/logprob_abs_mean",

@@ -7,6 +7,7 @@ import logging
 import subprocess
 import sys
 
+import pytest
 from mlflow.tracking import MlflowClient
 
 from grpo_pipe.runner.pipeline import JobContext, run
@@ -108,3 +109,13 @@ def test_an_unwritable_mlflow_store_is_named_before_anything_loads(tmp_path) -> 
     assert "logger.tracking_uri=sqlite:////proc/no-such/" in flat  # the console may wrap the long value
     assert "cannot create /proc/no-such (No such file or directory); allowed: a folder this user can write" in flat
     assert "Traceback" not in flat and "Loading weights" not in flat
+
+
+def test_an_empty_train_split_is_named_with_the_other_data_problems(compose_cfg) -> None:
+    from grpo_pipe.config.errors import ConfigError
+    from grpo_pipe.runner.components import build
+    from grpo_pipe.runner.recipe import check_data_and_reward
+
+    parts = build(compose_cfg([]))
+    with pytest.raises(ConfigError, match="data: the train split is empty"):
+        check_data_and_reward(parts, [], list(parts.data.eval_tasks()))

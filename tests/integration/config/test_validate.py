@@ -119,7 +119,7 @@ def test_cross_field_file_and_constructor_problems_come_in_one_list(compose_cfg)
     problems = _problems(compose_cfg(["run.max_new_tokens=5000", "data=gsm8k", "data.path=/nonexistent",
                                       "trainer.steps=-1", "curriculum.samples_per_prompt=1"]))
     assert [p.split("=", 1)[0] for p in problems] == [
-        "run.max_new_tokens", "data.path", "curriculum.prompts_per_step", "trainer.steps"]
+        "run.max_new_tokens", "data.path", "curriculum.samples_per_prompt", "trainer.steps"]
 
 
 @pytest.mark.parametrize("loss", ["grpo", "dr_grpo", "dapo"])

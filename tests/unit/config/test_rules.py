@@ -1,8 +1,8 @@
 """Every rule about the config, one bad value each: the job's one error list names the setting, before anything loads.
 
 A new rule gets a row here. The list is what `build` (the runner's check of a composed config) reports; each rule is
-stated once, beside the setting it constrains (a type hint, a constructor's range check, a component's
-`config_problems`, or a rule across groups)."""
+stated once, beside the setting it constrains (a type hint, its component's `config_problems`, or a rule across
+groups); no constructor raises."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ RULES: list[tuple[list[str], str]] = [
     (["loss.entropy_coef=-0.1"], "loss.entropy_coef=-0.1"),
     (["loss.entropy_floor=0"], "loss.entropy_floor=0"),
     (["loss.ratio_reference=sampler", "loss.is_cap=2.0"], "with loss.ratio_reference=sampler"),
+    (["trainer.lr_schedule.warmup_steps=-1"], "trainer.lr_schedule.warmup_steps=-1: must be >= 0"),
+    (["placement=split", "trainer=fsdp", "trainer.world_size=0"], "trainer.world_size=0: must be >= 1"),
+    (["placement=split", "trainer=fsdp", "trainer.compile=true"], "trainer.compile=true: not with trainer=fsdp"),
     # the engine
     (["rollout.max_model_len=64", "run.max_new_tokens=64"], "run.max_new_tokens=64 leaves no room for a prompt"),
     (["run.max_new_tokens=0"], "run.max_new_tokens=0: must be >= 1"),
@@ -41,6 +44,8 @@ RULES: list[tuple[list[str], str]] = [
     # curricula and data
     (["curriculum.samples_per_prompt=1"], "curriculum.samples_per_prompt=1"),
     (["curriculum=kde_buckets", "curriculum.ema_decay=1.0"], "curriculum.ema_decay=1.0"),
+    (["curriculum=kde_buckets", "curriculum.n_buckets=0"], "curriculum.n_buckets=0"),
+    (["model.num_heads=8"], "model.hidden_size / model.num_heads = 16: vLLM's CPU attention needs head_dim >= 32"),
     (["data=arithmetic", "data.terms=1"], "data.terms=1: must be >= 2"),
     (["data=jsonl", "data.train_path=/nonexistent/tasks.jsonl"], "no such file"),
     # async rollouts
@@ -60,9 +65,11 @@ RULES: list[tuple[list[str], str]] = [
     (["placement.sleep_level=1"], "placement.sleep_level=1 needs rollout.enable_sleep_mode=true"),
     (["trainer=fsdp"], "with placement=colocated"),
     (["placement=split", "placement.num_engines=0"], "placement.num_engines=0"),
+    (["placement=split", "placement.engine_cpus=0"], "placement.engine_cpus=0"),
     (["placement=split", "rollout.tensor_parallel_size=2"], "rollout.tensor_parallel_size=2"),
     # checkpoints
     (["checkpoint.keep_last=0"], "checkpoint.keep_last=0"),
+    (["checkpoint.every=-1"], "checkpoint.every=-1: must be >= 0"),
     # episodes
     ([*TOOLS, "environment.max_turns=0"], "environment.max_turns=0: must be >= 1"),
     ([*TOOLS, "environment.tool_timeout_s=0"], "environment.tool_timeout_s=0"),

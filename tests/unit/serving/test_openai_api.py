@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.serving.batcher import RequestBatcher
 from grpo_pipe.serving.endpoint import EngineEndpoint
 from grpo_pipe.serving.openai_api import ServedModel, build_app
@@ -109,7 +108,7 @@ def test_a_request_outside_the_schema_is_refused(client: TestClient) -> None:
 
 def test_the_endpoint_refuses_a_host_other_machines_reach_unless_allowed() -> None:
     model = ServedModel("tiny", CharTokenizer(), max_model_len=64, vocab_size=300)
-    with pytest.raises(ConfigError, match="not a loopback address"):
+    with pytest.raises(ValueError, match="not a loopback address"):
         EngineEndpoint(engine=GatedEngine(), model=model, host="0.0.0.0")  # type: ignore[arg-type]
     assert EngineEndpoint(engine=GatedEngine(), model=model, host="0.0.0.0", allow_remote=True).host == "0.0.0.0"  # type: ignore[arg-type]
     assert len(EngineEndpoint(engine=GatedEngine(), model=model).token) >= 32  # type: ignore[arg-type]
