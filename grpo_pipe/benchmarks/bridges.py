@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from grpo_pipe.bridges.broadcast import BroadcastBridge
 from grpo_pipe.bridges.contract import configured_bridges, push_weights
 from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.models.random_architecture import benchmark_model
@@ -166,12 +167,14 @@ def _limit(name: str, bridge: Any, nbytes: int, median_s: float, cold_start_s: f
     return {"limit": "device copy", "limit_ms": limit_s * 1e3, "ratio": median_s / limit_s}
 
 
-def raw_broadcast(bridge: Any, nbytes: int) -> None:
+def raw_broadcast(bridge: BroadcastBridge, nbytes: int) -> None:
     """One flat broadcast of `nbytes` to the same engine worker, through the same group."""
     from grpo_pipe.bridges.broadcast import _Call
     from grpo_pipe.transport.collective import broadcast
 
     engine = bridge.engine
+    if engine is None:
+        raise RuntimeError("raw_broadcast before the bridge connected")
     receiving = _Call(lambda: engine.call_workers("grpo_receive_raw", nbytes, timeout_s=bridge.timeout_s))
     broadcast(bridge._group, torch.empty(nbytes, dtype=torch.uint8, device=DEVICE))
     receiving.wait(bridge.timeout_s)

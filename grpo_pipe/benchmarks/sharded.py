@@ -28,6 +28,7 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 
 from grpo_pipe.config.sources import CONF_DIR
+from grpo_pipe.interfaces import Trainer
 from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, Task
 
 LOSS_STEPS = 5  # losses compared across world sizes
@@ -67,7 +68,7 @@ def trainer_for(overrides: list[str], world_size: int) -> tuple[Any, int]:
     return trainer, len(tokenizer)
 
 
-def train(trainer: Any, work: list[tuple[list[RolloutGroup], list[float]]]) -> tuple[list[float], list[float], list[float]]:
+def train(trainer: Trainer, work: list[tuple[list[RolloutGroup], list[float]]]) -> tuple[list[float], list[float], list[float]]:
     """Step times (wall clock of `trainer.step`), losses and global grad norms. The GRPO loss of a batch whose groups
     are half right is a near-cancelling sum, so its relative difference across world sizes says little; the grad norm
     does not cancel."""

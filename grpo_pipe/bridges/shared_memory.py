@@ -97,7 +97,7 @@ def engine_views(engine_params: Mapping[str, torch.Tensor], trainer_params: Mapp
     return views
 
 
-def copy_targets(model: Any, sources: list[tuple[str, torch.Tensor]]) -> list[torch.Tensor] | None:
+def copy_targets(model: torch.nn.Module, sources: list[tuple[str, torch.Tensor]]) -> list[torch.Tensor] | None:
     """The engine tensor slice each source is copied into, or None when some source has no exact slot
     (e.g. a quantised or repacked layout): vLLM's loader then does the work."""
     engine_params = {n: p.data for n, p in model.named_parameters(remove_duplicate=False)}

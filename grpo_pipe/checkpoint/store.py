@@ -21,7 +21,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Literal, cast
@@ -158,7 +158,7 @@ class CheckpointManager:
         self._prune()
         return Checkpoint(final)
 
-    def consider_best(self, metrics: Mapping[str, float], export: Any) -> bool:
+    def consider_best(self, metrics: Mapping[str, float], export: Callable[[Path], None]) -> bool:
         """If `metrics` beat the best so far, call `export(folder)` to write the new `best/` (atomically)."""
         if self.best_metric is None or self.best_metric not in metrics:
             return False

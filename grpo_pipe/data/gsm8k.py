@@ -9,11 +9,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
 from grpo_pipe.data.numbers import parse_number
-from grpo_pipe.data.rows import SkippedRows
+from grpo_pipe.data.rows import SkippedRows, SplitTaskSource
 from grpo_pipe.types import Task
 
 log = logging.getLogger(__name__)
@@ -53,46 +54,23 @@ def parse_rows(lines: Sequence[str], source: str, skipped: SkippedRows, max_ques
     return tasks
 
 
-class Gsm8kTasks:
+@dataclass(kw_only=True, eq=False)
+class Gsm8kTasks(SplitTaskSource):
     """GSM8K train (for training) and test (for evaluation) splits."""
 
-    def __init__(
-        self,
-        *,
-        path: str | None = None,
-        hub_id: str = "openai/gsm8k",
-        train_file: str = "train.jsonl",
-        eval_file: str = "test.jsonl",
-        max_train: int | None = None,
-        max_eval: int | None = 200,
-        max_question_chars: int = 4000,
-        system_prompt: str = "",
-        max_bad_fraction: float = 0.0,
-    ) -> None:
-        self.path = path
-        self.hub_id = hub_id
-        self.train_file = train_file
-        self.eval_file = eval_file
-        self.max_train = max_train
-        self.max_eval = max_eval
-        self.max_question_chars = max_question_chars
-        self.system_prompt = system_prompt
-        self.max_bad_fraction = max_bad_fraction  # share of rows that may be skipped (counted); 0 = any is an error
-        self.skipped = SkippedRows()
-        self._cache: dict[str, list[Task]] = {}
+    path: str | None = None  # a folder with the jsonl files; null: the hub dataset (online)
+    hub_id: str = "openai/gsm8k"
+    train_file: str = "train.jsonl"
+    eval_file: str = "test.jsonl"
+    max_eval: int | None = 200
+    max_question_chars: int = 4000
 
-    def train_tasks(self) -> list[Task]:
-        return self._load(self.train_file, "train", self.max_train)
+    def read_splits(self) -> tuple[list[Task], list[Task] | None]:
+        return self._read(self.train_file, "train"), self._read(self.eval_file, "test")
 
-    def eval_tasks(self) -> list[Task]:
-        return self._load(self.eval_file, "test", self.max_eval)
-
-    def _load(self, file_name: str, hub_split: str, limit: int | None) -> list[Task]:
-        if file_name not in self._cache:
-            lines = self._read_lines(file_name, hub_split)
-            self._cache[file_name] = parse_rows(lines, f"gsm8k/{file_name}", self.skipped, self.max_question_chars)
-        tasks = self._cache[file_name]
-        return tasks[:limit] if limit is not None else tasks
+    def _read(self, file_name: str, hub_split: str) -> list[Task]:
+        lines = self._read_lines(file_name, hub_split)
+        return parse_rows(lines, f"gsm8k/{file_name}", self.skipped, self.max_question_chars)
 
     def _read_lines(self, file_name: str, hub_split: str) -> list[str]:
         if self.path is not None:

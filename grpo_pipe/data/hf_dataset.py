@@ -11,10 +11,11 @@ from __future__ import annotations
 import importlib.util
 import logging
 import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.data.rows import RowTaskSource, row_format, rows_to_tasks
+from grpo_pipe.data.rows import RowTaskSource, rows_to_tasks
 from grpo_pipe.types import Task
 
 log = logging.getLogger(__name__)
@@ -23,38 +24,16 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _SAVED_MARKERS = ("dataset_dict.json", "state.json")  # what `save_to_disk` writes
 
 
+@dataclass(kw_only=True, eq=False)
 class HfDatasetTasks(RowTaskSource):
     """Tasks from the splits of one Hugging Face dataset."""
 
-    def __init__(
-        self,
-        *,
-        name: str,
-        config_name: str | None = None,
-        revision: str | None = None,
-        train_split: str = "train",
-        eval_split: str | None = "test",
-        eval_fraction: float = 0.1,
-        seed: int = 0,
-        prompt_key: str = "prompt",
-        answer_key: str = "answer",
-        metadata_keys: list[str] | None = None,
-        answer_after: str | None = None,
-        max_train: int | None = None,
-        max_eval: int | None = None,
-        max_prompt_chars: int = 20_000,
-        system_prompt: str = "",
-        max_bad_fraction: float = 0.0,
-    ) -> None:
-        super().__init__(row_format=row_format(prompt_key, answer_key, metadata_keys, answer_after, max_prompt_chars),
-                         eval_fraction=eval_fraction, seed=seed, max_train=max_train, max_eval=max_eval,
-                         system_prompt=system_prompt, max_bad_fraction=max_bad_fraction)
-        self.name = name  # a hub id "org/name" or a local folder
-        self.config_name = config_name
-        self.revision = revision
-        self.train_split = train_split
-        self.eval_split = eval_split  # null: hold out eval_fraction of the train split
-        self._dataset: Any = None
+    name: str  # a hub id "org/name" or a local folder
+    config_name: str | None = None
+    revision: str | None = None
+    train_split: str = "train"
+    eval_split: str | None = "test"  # null: hold out eval_fraction of the train split
+    _dataset: Any = field(init=False, repr=False, default=None)
 
     def config_problems(self) -> list[str]:
         if importlib.util.find_spec("datasets") is None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.data.rows import RowFormat, RowTaskSource, SkippedRows, row_format, rows_to_tasks
+from grpo_pipe.data.rows import RowFormat, RowTaskSource, SkippedRows, rows_to_tasks
 from grpo_pipe.types import Task
 
 log = logging.getLogger(__name__)
@@ -22,31 +23,12 @@ log = logging.getLogger(__name__)
 SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
+@dataclass(kw_only=True, eq=False)
 class JsonlTasks(RowTaskSource):
     """Tasks from a train file and an eval file (or a held-out fraction of the train file)."""
 
-    def __init__(
-        self,
-        *,
-        train_path: str,
-        eval_path: str | None = None,
-        eval_fraction: float = 0.1,
-        seed: int = 0,
-        prompt_key: str = "prompt",
-        answer_key: str = "answer",
-        metadata_keys: list[str] | None = None,
-        answer_after: str | None = None,
-        max_train: int | None = None,
-        max_eval: int | None = None,
-        max_prompt_chars: int = 20_000,
-        system_prompt: str = "",
-        max_bad_fraction: float = 0.0,
-    ) -> None:
-        super().__init__(row_format=row_format(prompt_key, answer_key, metadata_keys, answer_after, max_prompt_chars),
-                         eval_fraction=eval_fraction, seed=seed, max_train=max_train, max_eval=max_eval,
-                         system_prompt=system_prompt, max_bad_fraction=max_bad_fraction)
-        self.train_path = train_path
-        self.eval_path = eval_path
+    train_path: str
+    eval_path: str | None = None
 
     def config_problems(self) -> list[str]:
         problems = _file_problems("train_path", self.train_path, self.format)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 from grpo_pipe.types import Task
 
 
-def render_prompt(tokenizer: Any, system_prompt: str, task: Task) -> tuple[int, ...]:
+def render_prompt(tokenizer: PreTrainedTokenizerBase, system_prompt: str, task: Task) -> tuple[int, ...]:
     messages = chat_messages(system_prompt, task)
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert isinstance(text, str)  # tokenize=False: the rendered text
     return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

@@ -143,24 +143,19 @@ def limit(tasks: list[Task], count: int | None) -> list[Task]:
     return tasks if count is None else tasks[:count]
 
 
-class RowTaskSource:
-    """What every source of table rows shares (`data=jsonl`, `data=hf`): the row format, the split made once
-    (its own eval rows, or a seeded held-out fraction of the train rows), the size limits and the skipped rows.
-    A source reads its rows in `read_splits`; everything else is here, once."""
+@dataclass(kw_only=True, eq=False)
+class SplitTaskSource:
+    """What every file-backed task source shares (`data=gsm8k`, `data=jsonl`, `data=hf`): the size limits, the
+    system prompt, the share of rows that may be skipped, the skipped rows, and the splits read once. A source is a
+    dataclass of its own settings on top of these (the config's keys are the fields of all, flat: `data.max_train`)
+    and reads its rows in `read_splits`."""
 
-    def __init__(
-        self, *, row_format: RowFormat, eval_fraction: float, seed: int, max_train: int | None, max_eval: int | None,
-        system_prompt: str, max_bad_fraction: float,
-    ) -> None:
-        self.format = row_format
-        self.eval_fraction = eval_fraction  # used only when the source has no eval rows of its own
-        self.seed = seed
-        self.max_train = max_train
-        self.max_eval = max_eval
-        self.system_prompt = system_prompt
-        self.max_bad_fraction = max_bad_fraction  # share of rows that may be skipped (counted); 0 = any is an error
-        self.skipped = SkippedRows()
-        self._split: tuple[list[Task], list[Task]] | None = None
+    max_train: int | None = None
+    max_eval: int | None = None
+    system_prompt: str = ""
+    max_bad_fraction: float = 0.0  # share of rows that may be skipped (counted); 0 = any is an error
+    skipped: SkippedRows = field(init=False, repr=False, default_factory=lambda: SkippedRows())
+    _split: tuple[list[Task], list[Task]] | None = field(init=False, repr=False, default=None)
 
     def train_tasks(self) -> list[Task]:
         return limit(self._splits()[0], self.max_train)
@@ -169,15 +164,41 @@ class RowTaskSource:
         return limit(self._splits()[1], self.max_eval)
 
     def read_splits(self) -> tuple[list[Task], list[Task] | None]:
-        """The train tasks, and the eval tasks when the source has its own (None: hold out `eval_fraction`)."""
+        """The train tasks, and the eval tasks when the source has its own (None: `held_out` makes them)."""
         raise NotImplementedError
+
+    def held_out(self, train: list[Task]) -> tuple[list[Task], list[Task]]:
+        """(train, eval) for a source without eval rows of its own."""
+        raise NotImplementedError(f"{type(self).__name__} reads eval rows of its own")
 
     def _splits(self) -> tuple[list[Task], list[Task]]:
         if self._split is None:
-            train, held_out = self.read_splits()
-            self._split = (train, held_out) if held_out is not None else hold_out(train, self.eval_fraction, self.seed)
+            train, evaluation = self.read_splits()
+            self._split = (train, evaluation) if evaluation is not None else self.held_out(train)
             log.info("data: %d train, %d eval tasks; %d rows skipped", *map(len, self._split), len(self.skipped))
         return self._split
+
+
+@dataclass(kw_only=True, eq=False)
+class RowTaskSource(SplitTaskSource):
+    """Sources of table rows (`data=jsonl`, `data=hf`): which columns hold the prompt, the answer and the metadata,
+    and a seeded held-out fraction of the train rows where there are no eval rows."""
+
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+    metadata_keys: list[str] | None = None  # null: every other column travels with the task
+    answer_after: str | None = None  # the answer is what follows this marker in the answer column
+    max_prompt_chars: int = 20_000
+    eval_fraction: float = 0.1  # used only when the source has no eval rows of its own
+    seed: int = 0
+    format: RowFormat = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.format = row_format(self.prompt_key, self.answer_key, self.metadata_keys, self.answer_after,
+                                 self.max_prompt_chars)
+
+    def held_out(self, train: list[Task]) -> tuple[list[Task], list[Task]]:
+        return hold_out(train, self.eval_fraction, self.seed)
 
 
 def row_format(prompt_key: str, answer_key: str, metadata_keys: list[str] | None, answer_after: str | None,

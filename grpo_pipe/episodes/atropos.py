@@ -22,7 +22,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 from grpo_pipe.episodes.atropos_api import (
     AtroposApi,
@@ -81,7 +84,7 @@ class AtroposEnvironment:
 
     # -- the episode runner's part: held-out evaluation as single turns --------------------------------------
 
-    def setup(self, tokenizer: Any, system_prompt: str, max_model_len: int) -> None:
+    def setup(self, tokenizer: PreTrainedTokenizerBase, system_prompt: str, max_model_len: int) -> None:
         self._tokenizer = tokenizer
         self._single.setup(tokenizer, system_prompt, max_model_len)
 

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 from grpo_pipe.data.prompts import render_prompt
 from grpo_pipe.interfaces import PendingRollout, RolloutEngine
@@ -18,7 +21,7 @@ class SingleTurn:
         self._tokenizer: Any = None
         self._system_prompt = ""
 
-    def setup(self, tokenizer: Any, system_prompt: str, max_model_len: int) -> None:
+    def setup(self, tokenizer: PreTrainedTokenizerBase, system_prompt: str, max_model_len: int) -> None:
         self._tokenizer = tokenizer
         self._system_prompt = system_prompt
 

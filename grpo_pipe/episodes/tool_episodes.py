@@ -19,7 +19,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 from grpo_pipe.config.errors import failed
 from grpo_pipe.data.prompts import chat_messages
@@ -157,7 +160,7 @@ class ToolEpisodes:
         self._callables = function_tools(self.tool_specs, self.tool_options)
         self.tools = [Tool(name, tool_schema(fn, name)) for name, fn in self._callables.items()]
 
-    def setup(self, tokenizer: Any, system_prompt: str, max_model_len: int) -> None:
+    def setup(self, tokenizer: PreTrainedTokenizerBase, system_prompt: str, max_model_len: int) -> None:
         self._load_tools()
         self._tokenizer = tokenizer
         instructions = self.call_format.instructions(self.tools)

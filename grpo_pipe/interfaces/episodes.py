@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 from grpo_pipe.interfaces.engines import PendingRollout, RolloutEngine
 from grpo_pipe.types import Completion, SamplingSettings, Task
@@ -18,7 +21,7 @@ class EpisodeRunner(Protocol):
     ids are every token after the prompt, exactly as the engine produced and was fed them, with
     `Completion.sampled_by_model` telling the model's tokens from the environment's."""
 
-    def setup(self, tokenizer: Any, system_prompt: str, max_model_len: int) -> None:
+    def setup(self, tokenizer: PreTrainedTokenizerBase, system_prompt: str, max_model_len: int) -> None:
         """Before the first rollout (the model's tokenizer exists now): build the chat glue, the tool schemas."""
         ...
 

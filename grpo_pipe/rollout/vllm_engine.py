@@ -9,7 +9,7 @@ from __future__ import annotations
 import gc
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +128,7 @@ class VllmEngine:
         """Engine steps the running generation call has taken (0 when idle or with in-flight updates off)."""
         return self.in_flight.steps_taken
 
-    def between_steps(self, work: Any) -> Any:
+    def between_steps(self, work: Callable[[], Any]) -> Any:
         """Run `work()` between two engine steps if a generation is running (its requests go on
         afterwards), else now. How syncs from another thread reach an engine mid-generation."""
         return self.in_flight.gate.run(work)
