@@ -35,8 +35,8 @@ from grpo_pipe.types import LossStats, RolloutGroup
 
 log = logging.getLogger(__name__)
 
-# `_partial_` components: the optimizer gets the trainable parameters and the trainer's lr; the
-# schedule gets the optimizer and the number of updates in the run.
+# What the trainer completes: the optimizer (a `_partial_` component) gets the trainable parameters and the
+# trainer's lr; the LR schedule (`WarmupSchedule`) is called with the optimizer and the number of updates in the run.
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 ScheduleFactory = Callable[[torch.optim.Optimizer, int], Any]
 
