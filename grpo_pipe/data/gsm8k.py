@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 from grpo_pipe.data.numbers import parse_number
-from grpo_pipe.data.rows import SkippedRows, SplitTaskSource
+from grpo_pipe.data.rows import SkippedRows, SplitTaskSource, limit
 from grpo_pipe.types import Task
 
 log = logging.getLogger(__name__)
@@ -65,12 +65,23 @@ class Gsm8kTasks(SplitTaskSource):
     max_eval: int | None = 200
     max_question_chars: int = 4000
 
+    _files: dict[str, list[Task]] = field(init=False, repr=False, default_factory=lambda: {})
+
+    # GSM8K's splits are separate files: each is read when first asked for (a folder may hold only the test split).
+    def train_tasks(self) -> list[Task]:
+        return limit(self._read(self.train_file, "train"), self.max_train)
+
+    def eval_tasks(self) -> list[Task]:
+        return limit(self._read(self.eval_file, "test"), self.max_eval)
+
     def read_splits(self) -> tuple[list[Task], list[Task] | None]:
         return self._read(self.train_file, "train"), self._read(self.eval_file, "test")
 
     def _read(self, file_name: str, hub_split: str) -> list[Task]:
-        lines = self._read_lines(file_name, hub_split)
-        return parse_rows(lines, f"gsm8k/{file_name}", self.skipped, self.max_question_chars)
+        if file_name not in self._files:
+            lines = self._read_lines(file_name, hub_split)
+            self._files[file_name] = parse_rows(lines, f"gsm8k/{file_name}", self.skipped, self.max_question_chars)
+        return self._files[file_name]
 
     def _read_lines(self, file_name: str, hub_split: str) -> list[str]:
         if self.path is not None:

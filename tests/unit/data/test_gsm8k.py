@@ -28,6 +28,11 @@ def test_bad_rows_are_skipped_counted_and_named(tmp_path) -> None:
     assert "100000 chars" in joined
 
 
+def test_a_folder_with_only_the_test_split_serves_it(tmp_path) -> None:
+    (tmp_path / "test.jsonl").write_text('{"question": "1 + 1?", "answer": "#### 2"}\n')
+    assert [t.answer for t in Gsm8kTasks(path=str(tmp_path)).eval_tasks()] == ["2"]  # train.jsonl is never opened
+
+
 def test_real_gsm8k_test_split_loads_without_skips() -> None:
     data = Gsm8kTasks(path=str(GSM8K_DIR), max_eval=None)
     assert len(data.eval_tasks()) == 1319 and len(data.skipped) == 0
