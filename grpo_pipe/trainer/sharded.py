@@ -56,9 +56,9 @@ class ShardedTrainer:
     ) -> None:
         self._asked_to_compile = settings.get("compile") is True
         settings["compile"] = False
-        allowed = [n for n in inspect.signature(GRPOTrainer).parameters if n != "policy"]
-        self._unknown = sorted(set(settings) - set(allowed))  # reported by `config_problems`, not passed on
-        known = {key: value for key, value in settings.items() if key in allowed}
+        self._allowed = [n for n in inspect.signature(GRPOTrainer).parameters if n != "policy"]
+        self._unknown = sorted(set(settings) - set(self._allowed))  # reported by `config_problems`, not passed on
+        known = {key: value for key, value in settings.items() if key in self._allowed}
         self.template = GRPOTrainer(policy=policy, **known)  # its rules are every single-device setting's
         self.world_size = world_size
         self.compute_dtype = compute_dtype
@@ -78,10 +78,9 @@ class ShardedTrainer:
     # The runner reads these as it would the single-device trainer's.
     def config_problems(self) -> list[str]:
         """The sharded settings' rules, the single-device trainer's, and Ray's presence (each rank is a Ray actor)."""
-        allowed = [n for n in inspect.signature(GRPOTrainer).parameters if n != "policy"]
         unknown = [
             f"trainer.{key}: unknown setting for ShardedTrainer; allowed: world_size, compute_dtype, cpus_per_rank, "
-            f"gpus_per_rank, backend, timeout_s, {', '.join(allowed)}"
+            f"gpus_per_rank, backend, timeout_s, {', '.join(self._allowed)}"
             for key in self._unknown
         ]
         own = failed(
