@@ -22,6 +22,7 @@ from grpo_pipe.config.errors import failed
 from grpo_pipe.interfaces import Policy, RolloutEngine, SendingPolicy, WorkerRpcEngine
 from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
 from grpo_pipe.rollout.worker_weights import refresh_cpu_tied_lm_head
+from grpo_pipe.trainer.errors import TrainerLost
 from grpo_pipe.transport.collective import (
     TRAINER_RANK,
     Bucket,
@@ -146,6 +147,9 @@ class BroadcastBridge:
         receiving = _Call(lambda: engine.call_workers("grpo_receive_weights", wire, timeout_s=self.timeout_s))
         try:
             sender_times = self._send_all(sources)
+        except TrainerLost:  # the sending rank is gone and the engine's workers wait in the broadcast for it:
+            self._group = self._sender = None  # waiting for their call, or asking them to leave, would only delay
+            raise  # the stop; the engine's shutdown ends their side
         except RuntimeError:  # the receiving side went away mid-broadcast: its call says why (a lost engine
             receiving.wait(self.timeout_s)  # raises EngineLost, which the runner recovers from)
             raise
