@@ -24,11 +24,11 @@ _SCRIPT = textwrap.dedent("""
         try:
             with stop.interruptible():
                 print("generating", stop.remaining_s(), flush=True)
-                time.sleep(60)  # a generation that would run for a minute
+                time.sleep(600)  # a generation that would run for ten minutes
         except GenerationInterrupted as err:
             print("abandoned", err, flush=True)
         print("stopping", stop.remaining_s(), flush=True)
-        time.sleep(60)  # a stop that hangs (an engine that will not shut down)
+        time.sleep(600)  # a stop that hangs (an engine that will not shut down)
 """)
 
 
@@ -42,12 +42,13 @@ def test_the_first_signal_abandons_the_generation_and_the_grace_bounds_the_stop(
     proc = _start(grace_s=2.0)
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=30)
+    out, _ = proc.communicate(timeout=300)
     assert proc.returncode == 128 + signal.SIGTERM
     abandoned, stopping = out.split("\n")[:2]
     assert abandoned == "abandoned SIGTERM"
     assert stopping.startswith("stopping ") and 0.0 < float(stopping.split()[1]) <= 2.0  # the grace left
-    assert 2.0 <= time.monotonic() - sent < 12.0  # ended by the grace deadline, not by the 60 s sleeps
+    # Ended by the grace deadline, not by the ten-minute sleeps (the upper bound leaves a loaded machine a minute).
+    assert 2.0 <= time.monotonic() - sent < 60.0
 
 
 def test_a_second_signal_exits_at_once() -> None:
@@ -56,8 +57,8 @@ def test_a_second_signal_exits_at_once() -> None:
     assert proc.stdout is not None and proc.stdout.readline().strip() == "abandoned SIGINT"
     sent = time.monotonic()
     proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=30)
-    assert proc.returncode == 128 + signal.SIGTERM and time.monotonic() - sent < 10.0
+    proc.communicate(timeout=300)
+    assert proc.returncode == 128 + signal.SIGTERM and time.monotonic() - sent < 60.0  # not the 600 s grace
 
 
 def _wait_for_text(path: Path, text: str, proc: subprocess.Popen, timeout_s: float = 600) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 
 from grpo_pipe.episodes.calling import Call, call_all
 from grpo_pipe.episodes.tools.errors import ToolError
@@ -42,7 +41,13 @@ def test_every_failure_of_a_tool_is_an_observation_and_the_batch_waits_at_most_t
 
 
 def test_calls_run_concurrently() -> None:
-    started = time.perf_counter()
-    results = call_all([Call(lambda: (time.sleep(0.3), "ok")[1], {}) for _ in range(6)], timeout_s=30, max_chars=10)
+    # Each call returns only once all six are running at the same time: called one after the other, the first would
+    # wait for the others until the barrier breaks (an error observation), however fast or loaded the machine.
+    everyone = threading.Barrier(6, timeout=60)
+
+    def meets() -> str:
+        everyone.wait()
+        return "ok"
+
+    results = call_all([Call(meets, {}) for _ in range(6)], timeout_s=120, max_chars=10)
     assert [r.text for r in results] == ["ok"] * 6
-    assert time.perf_counter() - started < 0.3 * 6  # not one after the other
