@@ -13,7 +13,7 @@ import pytest
 import torch
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import REPO, TINY
+from tests.conftest import REPO, TINY, fresh_store
 
 STEPS = 5
 # The inference-aware reward charges for generated tokens: the tiny model's samples differ in length,
@@ -59,9 +59,9 @@ def _metric(store: Path, run_dir: Path, key: str) -> list[tuple[int, float]]:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> tuple[Path, Path]:
+def reference(tmp_path_factory, mlflow_store_template) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("reference")
-    store, run_dir = root / "mlflow.db", root / "run"
+    store, run_dir = fresh_store(mlflow_store_template, root / "mlflow.db"), root / "run"
     _run(_command(run_dir, store))
     grad_norms, _ = _metric(store, run_dir, "train/grad_norm")  # (GRPO's loss value is ~0 by construction)
     assert sum(v > 0 for _, v in grad_norms) >= 2, f"too little learning signal to compare: {grad_norms}"
