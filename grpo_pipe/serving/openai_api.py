@@ -72,7 +72,7 @@ class TokensRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     token_ids: list[int]
-    sampling_params: SamplingFields = Field(default_factory=lambda: SamplingFields())
+    sampling_params: SamplingFields = Field(default_factory=lambda: SamplingFields.model_validate({}))
 
 
 @dataclass(frozen=True)
