@@ -55,7 +55,7 @@ class VerifiersEnvironment:
     def _interpreter_problems(self) -> list[str]:
         if not Path(self.python).is_file():
             return [f"python={self.python!r}: no such interpreter; the verifiers environment needs a Python of its own "
-                    "with `pip install 'grpo_pipe[verifiers]'` (.ci/setup.sh makes .venv-verifiers)"]
+                    "with verifiers 0.4 installed (the pin: grpo_pipe's `verifiers` extra; .ci/setup.sh makes .venv-verifiers)"]
         probe = "import importlib.metadata as m; print(m.version('verifiers'))"
         try:
             done = subprocess.run([self.python, "-c", probe], capture_output=True, text=True, timeout=60)
@@ -63,7 +63,7 @@ class VerifiersEnvironment:
             return [f"python={self.python!r}: cannot be run ({type(err).__name__}: {err})"]
         version = done.stdout.strip()
         if done.returncode != 0:
-            return [f"python={self.python!r}: has no verifiers installed (pip install 'grpo_pipe[verifiers]' there)"]
+            return [f"python={self.python!r}: has no verifiers installed (pip install verifiers==0.4.0 there)"]
         if not version.startswith(VERSION):
             return [f"python={self.python!r}: has verifiers {version}; needs {VERSION}x (the verifiers.v1 API)"]
         return []

@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
 import random
 import sys
@@ -56,7 +57,10 @@ def scored_groups(branches: Sequence[Sequence[tuple[Sequence[int], Sequence[bool
                   env_id: int | None) -> tuple[list[dict[str, Any]], int]:
     """Atropos scored data for one task's rollouts: `branches[r]` is rollout r's (token_ids, sampled_mask) per branch,
     `rewards[r]` its reward. Group k holds branch k of every rollout; returns the groups and how many branch positions
-    were left out because not every rollout reached them."""
+    were left out because not every rollout reached them. A reward that is not a finite number (a rubric's NaN) raises
+    ValueError: JSON cannot carry it to the trainer, which would refuse it anyway."""
+    if not all(math.isfinite(r) for r in rewards):
+        raise ValueError(f"the rubric's rewards are not all finite numbers: {list(rewards)}")
     reached = min((len(b) for b in branches), default=0)
     groups = []
     for position in range(reached):
@@ -136,7 +140,12 @@ async def serve(options: argparse.Namespace) -> None:
                 log.warning("task %s: %d rollouts failed, group not posted: %s", task.data.id, len(failed), failed[0])
                 continue
             branches = [[(b.token_ids, b.sampled_mask) for b in t.branches if b.trainable] for t in traces if t is not None]
-            groups, left_out = scored_groups(branches, [float(t.reward) for t in traces if t is not None], api.env_id)
+            try:
+                groups, left_out = scored_groups(branches, [float(t.reward) for t in traces if t is not None],
+                                                 api.env_id)
+            except ValueError as err:
+                log.warning("task %s: group not posted: %s", task.data.id, err)
+                continue
             if left_out:
                 log.warning("task %s: %d turns not every rollout reached were left out", task.data.id, left_out)
             for group in groups:

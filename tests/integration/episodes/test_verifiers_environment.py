@@ -124,7 +124,8 @@ def test_a_two_turn_verifiers_environment_trains_each_model_turn_on_the_engines_
     k, scored with its rollout's reward; every trained span is still one the engine served after exactly its prompt."""
     groups = _batch(endpoint, tmp_path, turns=2)
     tokenizer = endpoint.model.tokenizer
-    second = [g for g in groups if "again" in tokenizer.decode(g.group.completions[0].token_ids)]
+    second = [g for g in groups
+              if "again" in tokenizer.decode(g.group.prompt_token_ids + g.group.completions[0].token_ids)]
     first = [g for g in groups if g not in second]
     assert first and second  # groups of both turns (a batch holds each task's two)
     for scored in first:
@@ -159,3 +160,23 @@ def _cmdline(process: psutil.Process) -> list[str]:
         return process.cmdline()
     except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
         return []
+
+
+def test_a_worker_that_dies_is_restarted_counted_then_the_run_stops_with_its_log(tmp_path: Path) -> None:
+    """A worker whose environment cannot load (no such taskset) exits; it is restarted (counted) until the restarts
+    are spent, then the run stops naming what the worker said."""
+    worker = [str(WORKER), "--vf.name=vf_no_such_taskset"]
+    connection = ["--env.rollout_server_url=http://127.0.0.1:9", "--env.tokenizer_name=unused",
+                  "--openai.base_url=http://127.0.0.1:9/v1", "--openai.api_key=unused", "--openai.model_name=tiny"]
+    processes = EnvironmentProcesses(commands=[worker], connection=connection, log_dir=tmp_path, python=_python(),
+                                     max_restarts=1)
+    processes.start()
+    try:
+        processes.processes[0].wait(120)  # type: ignore[union-attr]
+        processes.check()
+        assert processes.restarts == 1
+        processes.processes[0].wait(120)  # type: ignore[union-attr]
+        with pytest.raises(RuntimeError, match=r"after 1 restarts; its log ends:\n(.|\n)*vf_no_such_taskset"):
+            processes.check()
+    finally:
+        processes.stop()

@@ -4,6 +4,10 @@ rubric's rewards as scores; the environment's config is the taskset plus the use
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from grpo_pipe.episodes.scored_groups import Limits, read_scored_group
 from grpo_pipe.episodes.verifiers_worker import environment_config, parse, scored_groups
 from grpo_pipe.serving.served_log import ServedLog
@@ -46,6 +50,11 @@ def test_a_bridged_episode_is_one_sequence_with_every_model_turn_trained_and_the
     bridged = [([1, 5, 6, 2, 3, 7], [False, True, True, False, False, True])]
     groups, _ = scored_groups([bridged, bridged], [1.0, 1.0], env_id=0)
     assert groups[0]["masks"][0] == [M, 5, 6, M, M, 7]
+
+
+def test_a_rubric_reward_that_is_not_a_finite_number_is_never_posted() -> None:
+    with pytest.raises(ValueError, match="not all finite numbers"):
+        scored_groups([[([1, 5], [False, True])], [([1, 6], [False, True])]], [1.0, math.nan], env_id=0)
 
 
 def test_the_environment_config_is_the_taskset_and_the_args_over_an_in_process_runtime() -> None:
