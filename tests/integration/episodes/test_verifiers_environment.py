@@ -23,6 +23,7 @@ from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.serving.endpoint import EngineEndpoint
 from grpo_pipe.serving.openai_api import ServedModel
+from grpo_pipe.types import TakenBatch
 from tests.conftest import REPO
 
 FIXTURES = REPO / "tests" / "fixtures" / "verifiers"  # the environment's modules, found on the worker's PYTHONPATH
@@ -134,13 +135,23 @@ def test_a_two_turn_verifiers_environment_trains_each_model_turn_on_the_engines_
 
 
 @pytest.mark.parametrize("turns", [1, 2])
-def test_a_run_trains_on_a_verifiers_environments_groups(compose_cfg, tmp_path: Path, turns: int) -> None:
+def test_a_run_trains_on_a_verifiers_environments_groups(compose_cfg, tmp_path: Path, turns: int,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """`environment=verifiers` end to end: the run starts the endpoint, run-api and the worker under the verifiers
-    Python, trains two steps on the rubric's rewards (a group with a token the engine did not serve is refused), and
-    leaves no process behind."""
+    Python, trains two steps on the rubric's rewards (a group with a token the engine did not serve is refused; each
+    step's logged reward is the mean of the rubric's scores it trained on), and leaves no process behind."""
+    from grpo_pipe.episodes.atropos import AtroposSource
     from grpo_pipe.runner.pipeline import JobContext, run
 
     _python()
+    taken: list[TakenBatch] = []
+    take = AtroposSource.take
+
+    def recorded_take(self: AtroposSource, trainer_version: int) -> TakenBatch:  # what each step trained on
+        taken.append(take(self, trainer_version))
+        return taken[-1]
+
+    monkeypatch.setattr(AtroposSource, "take", recorded_take)
     args = f"{{agent: {{harness: {{id: '{HARNESS}', turns: {turns}}}}}}}"
     cfg = compose_cfg(["environment=verifiers", "reward=environment", f"environment.name={TASKSET}",
                        f"environment.args={args}", "environment.report_every_s=5", "run.eval_size=2"])
@@ -148,7 +159,14 @@ def test_a_run_trains_on_a_verifiers_environments_groups(compose_cfg, tmp_path: 
     assert len(result.rewards) == 2 and result.ledger.trained >= 2
     assert result.ledger.dropped.get("refused", 0) == 0  # every trained token was the engine's own
     assert result.ledger.balanced()
-    assert all(0.0 <= r <= WEIGHT for r in result.rewards)  # the rubric's range, weight included
+    assert len(taken) == 2
+    for batch, logged in zip(taken, result.rewards):
+        scores = [c.episode.environment_reward for g in batch.groups for c in g.completions]  # type: ignore[union-attr]
+        assert logged == pytest.approx(sum(scores) / len(scores))  # type: ignore[arg-type]
+        completions = [c for g in batch.groups for c in g.completions] if turns == 1 else []
+        for completion in completions:  # one turn: the score is the rubric's rule of the tokens trained on
+            span = [t for t, s in zip(completion.token_ids, completion.sampled_by_model) if s]
+            assert completion.episode.environment_reward == pytest.approx(_rubric(span))  # type: ignore[union-attr]
     worker_log = (tmp_path / "run" / "environments" / "environment-0.log").read_text()
     assert "registered with the Atropos API" in worker_log
     leftovers = [" ".join(_cmdline(c)) for c in psutil.Process().children(recursive=True)]
