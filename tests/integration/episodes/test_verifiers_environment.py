@@ -8,16 +8,18 @@ Needs .venv-verifiers (`.ci/setup.sh` makes it): without it these tests fail, sa
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
 from transformers import AutoTokenizer
 
 from grpo_pipe.episodes.atropos_api import AtroposApi, AtroposServer, EnvironmentProcesses, NoBatch, Registration
-from grpo_pipe.episodes.scored_groups import Limits, ScoredGroup, read_scored_group
+from grpo_pipe.episodes.scored_groups import Limits, RefusedGroup, ScoredGroup, read_scored_group
 from grpo_pipe.episodes.verifiers import VENV_PYTHON, WORKER
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.rollout.vllm_engine import VllmEngine
@@ -62,8 +64,9 @@ def endpoint() -> Iterator[EngineEndpoint]:
         engine.shutdown()
 
 
-def _batch(endpoint: EngineEndpoint, tmp_path: Path, turns: int) -> list[ScoredGroup]:
-    """One batch of 2 groups of 2 from a worker running the fixture environment, read as the trainer reads it."""
+def _batch(endpoint: EngineEndpoint, tmp_path: Path, turns: int) -> tuple[list[dict[str, Any]], list[ScoredGroup]]:
+    """One batch of 2 groups of 2 from a worker running the fixture environment, as posted and as the trainer reads
+    it."""
     server = AtroposServer(tmp_path / "atropos-api.log")
     server.start()
     model = str(endpoint.engine.model_path)
@@ -94,8 +97,12 @@ def _batch(endpoint: EngineEndpoint, tmp_path: Path, turns: int) -> list[ScoredG
     finally:
         processes.stop()
         server.stop()
-    limits = Limits(len(endpoint.model.tokenizer), 512, temperature=1.0)
-    return [read_scored_group(data, limits, endpoint.served, f"verifiers/{i}") for i, data in enumerate(batch)]
+    return batch, [read_scored_group(data, _limits(endpoint), endpoint.served, f"verifiers/{i}")
+                   for i, data in enumerate(batch)]
+
+
+def _limits(endpoint: EngineEndpoint) -> Limits:
+    return Limits(len(endpoint.model.tokenizer), 512, temperature=1.0)
 
 
 def _first_turn(scored: ScoredGroup, index: int) -> list[int]:
@@ -106,7 +113,7 @@ def _first_turn(scored: ScoredGroup, index: int) -> list[int]:
 
 def test_a_single_turn_verifiers_environment_posts_the_engines_tokens_with_its_rubrics_rewards(
         endpoint: EngineEndpoint, tmp_path: Path) -> None:
-    groups = _batch(endpoint, tmp_path, turns=1)  # read_scored_group refuses any span the engine did not serve
+    posted, groups = _batch(endpoint, tmp_path, turns=1)  # read_scored_group refuses a span the engine did not serve
     assert sum(len(g.group.completions) for g in groups) == 4
     tokenizer = endpoint.model.tokenizer
     for scored in groups:
@@ -117,13 +124,20 @@ def test_a_single_turn_verifiers_environment_posts_the_engines_tokens_with_its_r
             record = endpoint.served.find(prompt, sampled)
             assert record is not None and completion.logprobs[-len(sampled):] == record.logprobs
             assert scored.scores[index] == pytest.approx(_rubric(_first_turn(scored, index)))
+    # The same group with one sampled token changed (as re-tokenised text would be) is refused, with the reason.
+    tampered = copy.deepcopy(posted[0])
+    position = next(p for p, m in enumerate(tampered["masks"][0]) if m != -100)
+    changed = (tampered["tokens"][0][position] + 1) % len(tokenizer)
+    tampered["tokens"][0][position] = tampered["masks"][0][position] = changed
+    with pytest.raises(RefusedGroup, match="not a completion the engine served"):
+        read_scored_group(tampered, _limits(endpoint), endpoint.served, "verifiers/tampered")
 
 
 def test_a_two_turn_verifiers_environment_trains_each_model_turn_on_the_engines_tokens(
         endpoint: EngineEndpoint, tmp_path: Path) -> None:
     """The default renderer re-renders the chat each turn: turn k of each rollout is a sequence of its own, in group
     k, scored with its rollout's reward; every trained span is still one the engine served after exactly its prompt."""
-    groups = _batch(endpoint, tmp_path, turns=2)
+    _, groups = _batch(endpoint, tmp_path, turns=2)
     tokenizer = endpoint.model.tokenizer
     second = [g for g in groups
               if "again" in tokenizer.decode(g.group.prompt_token_ids + g.group.completions[0].token_ids)]
