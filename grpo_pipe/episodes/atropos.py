@@ -50,7 +50,7 @@ class AtroposEnvironment:
     def __init__(self, *, environments: Sequence[Sequence[str]] = (), api_url: str | None = None,
                  groups_per_step: int = 32, group_size: int = 8, batch_timeout_s: float = 600.0,
                  max_restarts: int = 3, model_name: str = "grpo_pipe", poll_s: float = 0.5,
-                 report_every_s: float = 30.0, eval_every: int | None = None) -> None:
+                 report_every_s: float = 30.0, eval_every: int | None = None, python: str | None = None) -> None:
         self.environments = [list(e) for e in environments]  # e.g. [[my_env.py, serve, --env.max_token_length, "512"]]
         self.groups_per_step, self.group_size = groups_per_step, group_size  # a batch: groups x samples per group
         self.api_url = api_url  # a running run-api to attach to; None: the run starts one on 127.0.0.1
@@ -59,6 +59,7 @@ class AtroposEnvironment:
         self.model_name = model_name  # the name the endpoint serves the engine under (--openai.model_name)
         self.poll_s, self.report_every_s = poll_s, report_every_s
         self.eval_every = eval_every  # the environments' own evaluations, every this many trainer steps; None: theirs
+        self.python = python  # the interpreter that runs the environments; None: the run's own
         self._single = SingleTurn()  # held-out evaluation: the data's tasks, one turn
         self._tokenizer: Any = None
         self._closers: list[Callable[[], None]] = []
@@ -124,7 +125,7 @@ class AtroposEnvironment:
         api.register()
         processes = EnvironmentProcesses(commands=self.environments, connection=self._connection(endpoint, url),
                                          log_dir=log_dir, max_restarts=self.max_restarts,
-                                         env={"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"})
+                                         env={"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}, python=self.python)
         self._closers.append(processes.stop)
         # The engine may serve the environments while the trainer trains only where its calls are serialised on its
         # own thread (the batcher's, held-out evaluation's, weight syncs') and a group may be a version behind.

@@ -174,11 +174,13 @@ def _answers(url: str) -> bool:
 class EnvironmentProcesses:
     """The environment processes the run starts (each `python SCRIPT serve ...` on atroposlib's BaseEnv), told where
     the endpoint, its token, the tokenizer and the API server are; one that dies is restarted up to `max_restarts`
-    times in all (counted), then the run stops with its log's last lines."""
+    times in all (counted), then the run stops with its log's last lines. `python` runs them: the run's own
+    interpreter, or another environment's (a verifiers environment cannot share the run's)."""
 
     def __init__(self, *, commands: Sequence[Sequence[str]], connection: Sequence[str], log_dir: Path,
-                 max_restarts: int = 3, env: Mapping[str, str] | None = None) -> None:
+                 max_restarts: int = 3, env: Mapping[str, str] | None = None, python: str | None = None) -> None:
         self.commands = [list(c) for c in commands]
+        self.python = python or sys.executable
         self.connection = list(connection)  # flags every process gets after its own (the run's endpoint and API)
         self.log_dir = log_dir
         self.max_restarts = max_restarts
@@ -221,7 +223,7 @@ class EnvironmentProcesses:
     def command(self, index: int) -> list[str]:
         """Process `index`'s command line: its own, the run's connection flags, and where atroposlib's
         `evaluate_log` writes its evaluations (read back by `EnvironmentEvaluations`)."""
-        return [sys.executable, *self.commands[index], *self.connection,
+        return [self.python, *self.commands[index], *self.connection,
                 f"--env.data_dir_to_save_evals={self.evaluations_dir(index)}"]
 
     def evaluations_dir(self, index: int) -> Path:

@@ -1,5 +1,6 @@
-"""The engine behind the HTTP routes that environment processes call: OpenAI's completions and chat completions, and
-vLLM's own `/generate` (what `atroposlib`'s `vllm` server type calls for token ids and log-probs).
+"""The engine behind the HTTP routes that environment processes call: OpenAI's completions and chat completions,
+vLLM's own `/generate` (what `atroposlib`'s `vllm` server type calls for token ids and log-probs), and the token-in,
+token-out `/inference/v1/generate` (what `verifiers`' train client calls: it renders the chat itself and sends ids).
 
 Every answer carries the tokens exactly as the engine sampled them (`token_ids`, and `prompt_token_ids` as vLLM's
 `return_token_ids` gives them), their log-probs, and the policy version that sampled them (`policy_version`, with
@@ -63,6 +64,15 @@ class GenerateRequest(SamplingFields):
 
     prompt: str | dict[str, list[int]]
     logprobs: int | None = None
+
+
+class TokensRequest(BaseModel):
+    """`/inference/v1/generate` (verifiers' train client): prompt token ids, and vLLM's sampling parameters."""
+
+    model_config = ConfigDict(extra="allow")
+
+    token_ids: list[int]
+    sampling_params: SamplingFields = Field(default_factory=lambda: SamplingFields.model_validate({}))
 
 
 @dataclass(frozen=True)
@@ -140,6 +150,13 @@ def build_app(batcher: RequestBatcher, model: ServedModel, token: str, timeout_s
             "prompt_token_ids": list(ids),
             "policy_versions": [c.policy_version for c in samples],
         }
+
+    @app.post("/inference/v1/generate", dependencies=[Depends(auth)])
+    async def generate_tokens(body: TokensRequest) -> dict[str, Any]:
+        ids = _checked(model, tuple(body.token_ids), body.sampling_params)
+        samples = await _generate(batcher, model, ids, body.sampling_params, timeout_s)
+        return {"request_id": f"gen-{uuid.uuid4().hex}", "prompt_token_ids": list(ids),
+                "choices": [_tokens_choice(j, c) for j, c in enumerate(samples)]}
 
     return app
 
@@ -229,6 +246,12 @@ def _chat_choice(model: ServedModel, index: int, c: Completion, logprobs: bool) 
         choice["logprobs"] = {"content": [{"token": p, "logprob": lp, "bytes": list(p.encode()), "top_logprobs": []}
                                           for p, lp in zip(pieces, c.logprobs)]}
     return {**choice, **_provenance(c)}
+
+
+def _tokens_choice(index: int, c: Completion) -> dict[str, Any]:
+    """One sample as verifiers' train client reads it: ids, and per token `{"token": "token_id:<id>", "logprob"}`."""
+    content = [{"token": f"token_id:{t}", "logprob": lp} for t, lp in zip(c.token_ids, c.logprobs)]
+    return {"index": index, "finish_reason": c.finish_reason, "logprobs": {"content": content}, **_provenance(c)}
 
 
 def _provenance(c: Completion) -> dict[str, Any]:

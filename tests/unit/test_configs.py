@@ -30,6 +30,7 @@ REQUIRED = {
     ("data", "hf"): ["data.name=some/dataset"],
     ("reward", "python"): ["reward.fn=my_rewards:score"],
     ("environment", "python"): ["environment.environment_class=tests/fixtures/environments/counter.py:Counter"],
+    ("environment", "verifiers"): ["environment.name=vf_sums"],
 }
 
 

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from grpo_pipe.serving.batcher import RequestBatcher
 from grpo_pipe.serving.endpoint import EngineEndpoint
 from grpo_pipe.serving.openai_api import ServedModel, build_app
+from grpo_pipe.serving.served_log import ServedLog
 from tests.fakes import GatedEngine
 
 TOKEN = "secret-token"
@@ -46,7 +47,8 @@ def client() -> Iterator[TestClient]:
 
 
 @pytest.mark.parametrize(("method", "path"), [("get", "/health"), ("get", "/v1/models"), ("post", "/v1/completions"),
-                                              ("post", "/v1/chat/completions"), ("post", "/generate")])
+                                              ("post", "/v1/chat/completions"), ("post", "/generate"),
+                                              ("post", "/inference/v1/generate")])
 def test_every_route_wants_the_token(client: TestClient, method: str, path: str) -> None:
     body = {"json": {"prompt": "ab", "messages": []}} if method == "post" else {}
     assert getattr(client, method)(path, **body).status_code == 401
@@ -88,6 +90,40 @@ def test_generate_answers_in_the_shape_atroposlib_reads(client: TestClient) -> N
     logprobs = [[next(iter(item[0].values())) for item in sample] for sample in results["logprobs"]]
     assert ids == [[7, 6], [7, 6]] and logprobs == [[-0.5, -0.5]] * 2
     assert results["finish_reasons"] == ["stop", "stop"] and results["policy_versions"] == [3, 3]
+
+
+def test_token_generate_answers_in_the_shape_the_verifiers_train_client_reads(client: TestClient) -> None:
+    answer = client.post("/inference/v1/generate", headers={**AUTH, "X-Session-ID": "s1"},
+                         json={"model": "tiny", "token_ids": [5, 6, 7],
+                               "sampling_params": {"temperature": 0.7, "max_tokens": 2, "stop_token_ids": [9],
+                                                   "logprobs": 1, "skip_special_tokens": False}})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["prompt_token_ids"] == [5, 6, 7] and body["request_id"]
+    (choice,) = body["choices"]
+    assert choice["token_ids"] == [7, 6] and choice["finish_reason"] == "stop" and choice["policy_version"] == 3
+    assert choice["logprobs"]["content"] == [{"token": "token_id:7", "logprob": -0.5},
+                                             {"token": "token_id:6", "logprob": -0.5}]
+
+
+def test_token_generate_samples_as_asked_and_is_recorded_as_served() -> None:
+    """What the route served is in the endpoint's ServedLog, at the temperature asked, as every other route's."""
+    engine = GatedEngine()
+    engine.gate.set()
+    served = ServedLog()
+    batcher = RequestBatcher(engine=engine, served=served)  # type: ignore[arg-type]
+    try:
+        client = TestClient(build_app(batcher, ServedModel("tiny", CharTokenizer(), 64, 300), TOKEN))
+        answer = client.post("/inference/v1/generate", headers=AUTH,
+                             json={"token_ids": [5, 6, 7], "sampling_params": {"temperature": 0.7, "max_tokens": 2,
+                                                                                "stop_token_ids": [9]}})
+        assert answer.status_code == 200, answer.text
+    finally:
+        batcher.close()
+    (prompts, sampling), = engine.calls
+    assert prompts == [(5, 6, 7)] and sampling.temperature == 0.7 and sampling.extra["stop_token_ids"] == [9]
+    record = served.find([5, 6, 7], [7, 6])
+    assert record is not None and record.logprobs == (-0.5, -0.5) and record.temperature == 0.7
 
 
 @pytest.mark.parametrize(("body", "says"), [
