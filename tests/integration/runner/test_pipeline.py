@@ -4,7 +4,6 @@ run from outside as a user runs it, read back by each test."""
 import subprocess
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from mlflow.tracking import MlflowClient
