@@ -312,6 +312,7 @@ class WallClockBudget(TrainerCallback):
 
     def __init__(
         self,
+        *,
         save: Callable[[PreTrainedModel, Path], None],
         out_dir: Path,
         budget_s: float,

@@ -86,7 +86,7 @@ class ShardOnLoad:
 class ShardWorker:
     """The actor's body. Every method except `address` is collective: the driver calls it on all ranks."""
 
-    def __init__(self, trainer: GRPOTrainer, rank: int, world_size: int, compute_dtype: str | None) -> None:
+    def __init__(self, *, trainer: GRPOTrainer, rank: int, world_size: int, compute_dtype: str | None) -> None:
         self.rank, self.world_size = rank, world_size
         self.compute_dtype = None if compute_dtype is None else getattr(torch, compute_dtype)
         trainer.policy = ShardOnLoad(trainer.policy, self.compute_dtype, trainer.loss.needs_reference)

@@ -226,7 +226,7 @@ class ShardedTrainer:
         return [
             actor.options(
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self._group, placement_group_bundle_index=rank)
-            ).remote(self.template, rank, self.world_size, compute)
+            ).remote(trainer=self.template, rank=rank, world_size=self.world_size, compute_dtype=compute)
             for rank in range(self.world_size)
         ]
 
