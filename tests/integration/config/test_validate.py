@@ -101,9 +101,11 @@ def test_a_generation_budget_beyond_the_engine_context_names_both_keys(compose_c
 def test_missing_data_folder_and_file_fail_before_anything_loads(compose_cfg, tmp_path) -> None:
     problems = _problems(compose_cfg(["data=gsm8k", "data.path=/nonexistent"]))
     assert problems == ["data.path='/nonexistent': no such folder"]
-    (tmp_path / "test.jsonl").write_text("")
-    problems = _problems(compose_cfg(["data=gsm8k", f"data.path={tmp_path}"]))
-    assert problems == [f"data.train_file='train.jsonl': no such file in data.path='{tmp_path}'; found: test.jsonl"]
+    folder = tmp_path / "data"
+    folder.mkdir()
+    (folder / "test.jsonl").write_text("")
+    problems = _problems(compose_cfg(["data=gsm8k", f"data.path={folder}"]))
+    assert problems == [f"data.train_file='train.jsonl': no such file in data.path='{folder}'; found: test.jsonl"]
 
 
 def test_constructor_range_checks_are_collected_in_the_one_format(compose_cfg) -> None:
