@@ -13,32 +13,21 @@ from pathlib import Path
 
 import psutil
 import pytest
-from transformers import AutoTokenizer
 
 from grpo_pipe.episodes.atropos_api import AtroposApi, AtroposServer, EnvironmentEvaluations, NoBatch, Registration
 from grpo_pipe.episodes.scored_groups import Limits, read_scored_group
 from grpo_pipe.models.tiny_random import TinyRandomModel
-from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.serving.endpoint import EngineEndpoint
-from grpo_pipe.serving.openai_api import ServedModel
 from tests.conftest import REPO
+from tests.tiny_endpoint import tiny_endpoint
 
 ENVIRONMENT = REPO / "tests" / "fixtures" / "atropos" / "tiny_sums.py"
 
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[EngineEndpoint]:
-    path = TinyRandomModel().materialize()
-    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25)
-    engine.connect(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    endpoint = EngineEndpoint(engine=engine, model=ServedModel("tiny", tokenizer, engine.max_model_len, len(tokenizer)))
-    try:
-        endpoint.start()
-        yield endpoint
-    finally:
-        endpoint.stop()
-        engine.shutdown()
+    with tiny_endpoint(TinyRandomModel().materialize()) as served:
+        yield served
 
 
 def _start_environment(endpoint: EngineEndpoint, api_url: str, log: Path) -> subprocess.Popen[bytes]:

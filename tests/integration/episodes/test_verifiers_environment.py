@@ -16,17 +16,15 @@ from typing import Any
 
 import psutil
 import pytest
-from transformers import AutoTokenizer
 
 from grpo_pipe.episodes.atropos_api import AtroposApi, AtroposServer, EnvironmentProcesses, NoBatch, Registration
 from grpo_pipe.episodes.scored_groups import Limits, RefusedGroup, ScoredGroup, read_scored_group
 from grpo_pipe.episodes.verifiers import VENV_PYTHON, WORKER
 from grpo_pipe.models.tiny_random import TinyRandomModel
-from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.serving.endpoint import EngineEndpoint
-from grpo_pipe.serving.openai_api import ServedModel
 from grpo_pipe.types import TakenBatch
 from tests.conftest import REPO
+from tests.tiny_endpoint import tiny_endpoint
 
 FIXTURES = REPO / "tests" / "fixtures" / "verifiers"  # the environment's modules, found on the worker's PYTHONPATH
 TASKSET = "vf_sums"
@@ -51,17 +49,8 @@ def _rubric(first_turn: list[int]) -> float:
 
 @pytest.fixture(scope="module")
 def endpoint() -> Iterator[EngineEndpoint]:
-    path = TinyRandomModel().materialize()
-    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25)
-    engine.connect(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    endpoint = EngineEndpoint(engine=engine, model=ServedModel("tiny", tokenizer, engine.max_model_len, len(tokenizer)))
-    try:
-        endpoint.start()
-        yield endpoint
-    finally:
-        endpoint.stop()
-        engine.shutdown()
+    with tiny_endpoint(TinyRandomModel().materialize()) as served:
+        yield served
 
 
 def _batch(endpoint: EngineEndpoint, tmp_path: Path, turns: int) -> tuple[list[dict[str, Any]], list[ScoredGroup]]:

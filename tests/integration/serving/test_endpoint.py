@@ -15,10 +15,9 @@ import pytest
 from transformers import AutoTokenizer
 
 from grpo_pipe.models.tiny_random import TinyRandomModel
-from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.serving.endpoint import EngineEndpoint
-from grpo_pipe.serving.openai_api import ServedModel
 from tests.engine_scoring import engine_logprobs
+from tests.tiny_endpoint import tiny_endpoint
 
 
 @pytest.fixture(scope="module")
@@ -28,17 +27,8 @@ def model_path() -> Path:
 
 @pytest.fixture(scope="module")
 def endpoint(model_path: Path) -> Iterator[EngineEndpoint]:
-    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25)
-    engine.connect(model_path)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    served = ServedModel("tiny", tokenizer, max_model_len=engine.max_model_len, vocab_size=len(tokenizer))
-    endpoint = EngineEndpoint(engine=engine, model=served)
-    try:
-        endpoint.start()
-        yield endpoint
-    finally:
-        endpoint.stop()
-        engine.shutdown()
+    with tiny_endpoint(model_path) as served:
+        yield served
 
 
 def test_completions_over_http_are_the_engines_tokens_and_logprobs(endpoint: EngineEndpoint) -> None:
