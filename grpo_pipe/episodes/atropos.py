@@ -125,7 +125,8 @@ class AtroposEnvironment:
         api.register()
         processes = EnvironmentProcesses(commands=self.environments, connection=self._connection(endpoint, url),
                                          log_dir=log_dir, max_restarts=self.max_restarts,
-                                         env={"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}, python=self.python)
+                                         env={"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}, python=self.python,
+                                         secrets={"openai.api_key": endpoint.token})
         self._closers.append(processes.stop)
         # The engine may serve the environments while the trainer trains only where its calls are serialised on its
         # own thread (the batcher's, held-out evaluation's, weight syncs') and a group may be a version behind.
@@ -158,7 +159,7 @@ class AtroposEnvironment:
         model = str(getattr(self._tokenizer, "name_or_path", ""))
         flags = {"env.rollout_server_url": api_url, "env.tokenizer_name": model, "env.use_wandb": "false",
                  "env.group_size": str(self.group_size), "openai.base_url": endpoint.base_url,
-                 "openai.api_key": endpoint.token, "openai.model_name": self.model_name, "openai.server_type": "vllm",
+                 "openai.model_name": self.model_name, "openai.server_type": "vllm",
                  "openai.tokenizer_name": model}
         if self.eval_every is not None:
             flags["env.steps_per_eval"] = str(self.eval_every)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import yaml
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +172,34 @@ def _answers(url: str) -> bool:
         return False
 
 
+def without_config(command: Sequence[str]) -> list[str]:
+    """`command` without its `--config FILE` / `--config=FILE` (the run passes a file of its own instead)."""
+    kept: list[str] = []
+    skip = False
+    for part in command:
+        if skip:
+            skip = False
+        elif part == "--config":
+            skip = True
+        elif not part.startswith("--config="):
+            kept.append(part)
+    return kept
+
+
+def own_config(command: Sequence[str]) -> dict[str, Any]:
+    """The settings of the config file `command` names with `--config` (atroposlib's YAML), or {}."""
+    for i, part in enumerate(command):
+        path = part.removeprefix("--config=") if part.startswith("--config=") else None
+        if part == "--config" and i + 1 < len(command):
+            path = command[i + 1]
+        if path is not None:
+            loaded = yaml.safe_load(Path(path).read_text()) or {}
+            if not isinstance(loaded, dict):
+                raise ValueError(f"{path}: an environment's --config file must hold a mapping")
+            return dict(loaded)
+    return {}
+
+
 class EnvironmentProcesses:
     """The environment processes the run starts (each `python SCRIPT serve ...` on atroposlib's BaseEnv), told where
     the endpoint, its token, the tokenizer and the API server are; one that dies is restarted up to `max_restarts`
@@ -178,10 +207,14 @@ class EnvironmentProcesses:
     interpreter, or another environment's (a verifiers environment cannot share the run's)."""
 
     def __init__(self, *, commands: Sequence[Sequence[str]], connection: Sequence[str], log_dir: Path,
-                 max_restarts: int = 3, env: Mapping[str, str] | None = None, python: str | None = None) -> None:
+                 max_restarts: int = 3, env: Mapping[str, str] | None = None, python: str | None = None,
+                 secrets: Mapping[str, str] | None = None) -> None:
         self.commands = [list(c) for c in commands]
         self.python = python or sys.executable
         self.connection = list(connection)  # flags every process gets after its own (the run's endpoint and API)
+        # Settings kept off the command line, where `ps` shows them to every user: atroposlib's `--config` file
+        # (written for the owner alone), e.g. {"openai.api_key": token}.
+        self.secrets = dict(secrets or {})
         self.log_dir = log_dir
         self.max_restarts = max_restarts
         self.env = dict(env or {})
@@ -223,8 +256,26 @@ class EnvironmentProcesses:
     def command(self, index: int) -> list[str]:
         """Process `index`'s command line: its own, the run's connection flags, and where atroposlib's
         `evaluate_log` writes its evaluations (read back by `EnvironmentEvaluations`)."""
-        return [self.python, *self.commands[index], *self.connection,
+        own = self.commands[index]
+        config = [f"--config={self._secrets_file(index, own)}"] if self.secrets else []
+        return [self.python, *without_config(own), *self.connection, *config,
                 f"--env.data_dir_to_save_evals={self.evaluations_dir(index)}"]
+
+    def _secrets_file(self, index: int, own: Sequence[str]) -> Path:
+        """The process's `--config` file: its own config file's settings (when its command names one) with the
+        secrets added, readable by the run's user alone."""
+        settings = own_config(own)
+        for dotted, value in self.secrets.items():
+            namespace, key = dotted.split(".", 1)
+            section = settings.setdefault(namespace, {})
+            if not isinstance(section, dict):
+                raise ValueError(f"environment process {index}: its --config file's {namespace!r} is not a mapping")
+            section[key] = value
+        path = self.log_dir / f"environment-{index}.config.json"  # JSON is YAML: atroposlib reads it as its own
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            json.dump(settings, out)
+        return path
 
     def evaluations_dir(self, index: int) -> Path:
         return self.log_dir / "evaluations" / str(index)

@@ -32,6 +32,7 @@ import os
 import random
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 if __name__ == "__main__":
@@ -165,9 +166,15 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--env.group_size", dest="group_size", type=int, default=8)
     parser.add_argument("--env.max_token_length", dest="max_token_length", type=int, default=4096)
     parser.add_argument("--openai.base_url", dest="base_url", required=True)
-    parser.add_argument("--openai.api_key", dest="api_key", required=True)
+    parser.add_argument("--openai.api_key", dest="api_key", default=None)
+    parser.add_argument("--config", dest="config", default=None,
+                        help="a JSON file of settings by namespace; the run passes the endpoint's token this way")
     parser.add_argument("--openai.model_name", dest="model_name", required=True)
     options, _ = parser.parse_known_args(argv)
+    if options.api_key is None and options.config is not None:
+        options.api_key = json.loads(Path(options.config).read_text()).get("openai", {}).get("api_key")
+    if options.api_key is None:
+        parser.error("the endpoint's token: give --openai.api_key, or --config with openai.api_key")
     return options
 
 

@@ -42,3 +42,25 @@ def test_evaluations_are_read_once_per_change_and_a_broken_one_is_skipped(tmp_pa
         metrics, files = evaluations.take()
     assert metrics == {"env_eval/0/accuracy": 0.5} and files[0] == first / "metrics.json"
     assert "environment 1's evaluation" in caplog.text and "does not parse" in caplog.text
+
+
+def test_the_token_reaches_a_process_in_a_file_for_its_owner_not_on_its_command_line(tmp_path: Path) -> None:
+    processes = EnvironmentProcesses(commands=[["env_a.py", "serve"]], connection=["--env.x=1"], log_dir=tmp_path,
+                                     secrets={"openai.api_key": "s3cret"})
+    command = processes.command(0)
+    assert not any("s3cret" in part for part in command)
+    config = Path(next(part.removeprefix("--config=") for part in command if part.startswith("--config=")))
+    assert json.loads(config.read_text()) == {"openai": {"api_key": "s3cret"}}
+    assert config.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_process_config_file_of_its_own_keeps_its_settings_beside_the_token(tmp_path: Path) -> None:
+    own = tmp_path / "mine.yaml"
+    own.write_text("env:\n  max_token_length: 512\nopenai:\n  timeout: 30\n")
+    processes = EnvironmentProcesses(commands=[["env_a.py", "serve", "--config", str(own), "--env.y=2"]],
+                                     connection=[], log_dir=tmp_path, secrets={"openai.api_key": "s3cret"})
+    command = processes.command(0)
+    assert str(own) not in command and "--env.y=2" in command
+    config = Path(next(part.removeprefix("--config=") for part in command if part.startswith("--config=")))
+    assert json.loads(config.read_text()) == {"env": {"max_token_length": 512},
+                                              "openai": {"timeout": 30, "api_key": "s3cret"}}

@@ -71,3 +71,11 @@ def test_the_worker_reads_the_flags_the_run_passes_and_ignores_the_others() -> N
                      "--vf.temperature=0.7", "--vf.max_tokens=16"])
     assert (options.name, options.group_size, options.api_key, options.temperature, options.max_tokens) == \
         ("t", 4, "k", 0.7, 16)
+
+
+def test_the_worker_takes_the_token_from_the_config_file_the_run_writes(tmp_path) -> None:
+    config = tmp_path / "environment-0.config.json"
+    config.write_text('{"openai": {"api_key": "s3cret"}}')
+    options = parse(["--vf.name=t", "--env.rollout_server_url=http://a", "--env.tokenizer_name=/m",
+                     "--openai.base_url=http://e/v1", "--openai.model_name=grpo_pipe", f"--config={config}"])
+    assert options.api_key == "s3cret"
