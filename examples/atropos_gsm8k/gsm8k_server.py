@@ -11,6 +11,7 @@ DIR holds GSM8K's `train.jsonl` and `test.jsonl` (rows `{"question": ..., "answe
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import re
@@ -99,12 +100,14 @@ class Gsm8kServer(BaseEnv):
 
     async def evaluate(self, *args, **kwargs) -> None:
         """Greedy accuracy on the first `eval_rows` test problems, through the same endpoint."""
-        correct = 0
-        async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
-            for question, reference in self.test:
+        async def grade(question: str, reference: str) -> bool:
+            async with self.server.managed_server(tokenizer=self.tokenizer) as managed:
                 done = await managed.completion(prompt=self.prompt(question), n=1,
                                                 max_tokens=self.config.max_new_tokens, temperature=0.0)
-                correct += is_correct(done.choices[0].text, reference)
+            return is_correct(done.choices[0].text, reference)
+
+        # All at once: the engine batches them, as it batches training groups.
+        correct = sum(await asyncio.gather(*(grade(question, reference) for question, reference in self.test)))
         await self.evaluate_log({"accuracy": correct / max(len(self.test), 1), "problems": float(len(self.test))},
                                 verbose=False)
 

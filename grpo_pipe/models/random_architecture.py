@@ -4,6 +4,8 @@ trains one through the whole pipeline: its answers are noise, its speed and memo
 
 from __future__ import annotations
 
+import multiprocessing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,8 +46,20 @@ def benchmark_model(name: str) -> Path:
     if name not in QWEN25:
         raise SystemExit(f"--models: unknown {name!r}; allowed: tiny, smollm2-135m, {', '.join(QWEN25)}")
     tokenizer_source = TinyRandomModel().materialize()  # any tokenizer works: only the vocab size matters
-    return build_once(env.cache_dir() / "models" / f"random-{name}", lambda out: _build(name, out, tokenizer_source),
-                      f"random-init {name}")
+    return build_once(env.cache_dir() / "models" / f"random-{name}",
+                      lambda out: in_child_process(_build, name, out, tokenizer_source), f"random-init {name}")
+
+
+def in_child_process(function: Callable[..., None], *args: Any) -> None:
+    """Run `function(*args)` in a fresh process: the weights are initialised on a GPU for speed, and the memory
+    that takes (30 GB for 7B in fp32) must go back to the device before the engine and trainer claim it; the run's
+    own process would keep it in PyTorch's cache, on the device Ray may give the engine."""
+    process = multiprocessing.get_context("spawn").Process(target=function, args=args)
+    process.start()
+    process.join()
+    if process.exitcode != 0:
+        raise RuntimeError(f"{function.__name__} failed in its own process (exit code {process.exitcode}); its "
+                           "error is printed above")
 
 
 def _build(name: str, out: Path, tokenizer_source: Path) -> None:
