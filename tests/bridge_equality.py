@@ -82,9 +82,8 @@ def fresh_greedy(cfg: DictConfig, saved: Path, prompts: list, fresh_from: str = 
                  engine_options: dict | None = None) -> list[tuple[int, ...]]:
     """Greedy outputs of a fresh engine (as configured) on the weights saved in `saved`: a full checkpoint
     ("merged"), or the base model at `model_path` plus the adapter saved there ("adapter")."""
-    fresh_engine = instantiate(cfg.rollout, _convert_="all")
     # The reference engine always runs in this process: same weights, same kernels, no process start-up.
-    fresh_engine.in_process, fresh_engine.device_ids = True, None
+    fresh_engine = instantiate(cfg.rollout, _convert_="all", layout={"in_process": True, "device_ids": None})
     if fresh_from == "adapter":
         assert model_path is not None
         fresh_engine.connect(model_path, engine_options or {})

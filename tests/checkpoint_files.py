@@ -18,8 +18,9 @@ def train_two_states() -> list[dict]:
     from grpo_pipe.models.tiny_random import TinyRandomModel
     from grpo_pipe.trainer.grpo import GRPOTrainer
     from grpo_pipe.trainer.policy import FullFinetunePolicy
+    from grpo_pipe.trainer.settings import OptimisationSettings
 
-    trainer = GRPOTrainer(policy=FullFinetunePolicy(), steps=3, lr=1e-3)
+    trainer = GRPOTrainer(policy=FullFinetunePolicy(), steps=3, optimisation=OptimisationSettings(lr=1e-3))
     trainer.setup(TinyRandomModel().materialize(), torch.device("cpu"), pad_id=0)
     states = []
     for _ in range(2):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from transformers import AutoTokenizer
 
+from grpo_pipe.rollout.engine_settings import MemorySettings
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.serving.endpoint import EngineEndpoint
 from grpo_pipe.serving.openai_api import ServedModel
@@ -17,7 +18,7 @@ from grpo_pipe.serving.openai_api import ServedModel
 @contextmanager
 def tiny_endpoint(model_path: Path) -> Iterator[EngineEndpoint]:
     """A started endpoint serving the model at `model_path` as "tiny"; the endpoint and the engine stop on exit."""
-    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25)
+    engine = VllmEngine(dtype="float32", max_model_len=512, memory=MemorySettings(kv_cache_gib=0.25))
     engine.connect(model_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     served = ServedModel("tiny", tokenizer, max_model_len=engine.max_model_len, vocab_size=len(tokenizer))

@@ -6,7 +6,7 @@ wall clock of the training loop per step (evaluation excluded) and its ratio to 
     python -m grpo_pipe.benchmarks.async_loop --staleness 0,1,2 --steps 8 [--compare-in-flight] \\
         placement=split weight_bridge=nccl model=tiny_random          # any config overrides follow
 
-`--compare-in-flight` adds each async variant again with `rollout.in_flight_updates=false` (a sync
+`--compare-in-flight` adds each async variant again with `rollout.features.in_flight_updates=false` (a sync
 that arrives mid-generation then waits for the running generate call to end).
 """
 
@@ -27,7 +27,7 @@ from grpo_pipe.runner.pipeline import JobContext, run
 
 def run_variant(overrides: list[str], staleness: int, steps: int, out: Path, in_flight: bool = True) -> dict[str, Any]:
     variant = [f"rollout_scheduler.max_staleness={staleness}", f"trainer.steps={steps}", "logger=none",
-               f"rollout.in_flight_updates={str(in_flight).lower()}"]
+               f"rollout.features.in_flight_updates={str(in_flight).lower()}"]
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose("config", overrides=[*overrides, *variant])
     name = f"staleness{staleness}" + ("" if in_flight else "-no-in-flight")
@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--json", type=Path, default=None, help="also write the rows here")
     parser.add_argument("--compare-in-flight", action="store_true",
-                        help="also run every async variant with rollout.in_flight_updates=false")
+                        help="also run every async variant with rollout.features.in_flight_updates=false")
     parser.add_argument("overrides", nargs="*", help="config overrides, as on the grpo_pipe command line")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)

@@ -23,6 +23,7 @@ from grpo_pipe.bridges.broadcast import BroadcastBridge
 from grpo_pipe.bridges.contract import configured_bridges, push_weights
 from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.models.random_architecture import benchmark_model
+from grpo_pipe.rollout.engine_settings import FeatureSettings, LayoutSettings, MemorySettings
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy
 from grpo_pipe.trainer.precision import resolve_dtype
@@ -70,8 +71,12 @@ def _engine(path: Path, bridge: str, options: dict[str, Any]) -> VllmEngine:
     # (and, with two GPUs, a GPU) of its own. Eager: sync cost does not depend on CUDA graphs, whose capture
     # would only lengthen every start (and the checkpoint bridge's restarts with their baseline alike).
     other_gpu = "1" if bridge == "nccl" and torch.cuda.device_count() > 1 else None
-    engine = VllmEngine(max_model_len=512, kv_cache_gib=0.5, gpu_memory_utilization=engine_memory_fraction(path),
-                        enforce_eager=True, in_process=False if bridge == "nccl" else None, device_ids=other_gpu)
+    engine = VllmEngine(
+        max_model_len=512,
+        memory=MemorySettings(kv_cache_gib=0.5, gpu_memory_utilization=engine_memory_fraction(path)),
+        layout=LayoutSettings(in_process=False if bridge == "nccl" else None, device_ids=other_gpu),
+        features=FeatureSettings(enforce_eager=True),
+    )
     engine.connect(path, options)
     return engine
 

@@ -7,7 +7,7 @@ In one run, on the same device, model, prompts and sampling:
    is compared with the faster of the two;
 2. the pipeline's engine (`rollout` group as configured, default = what a user gets), same prompts
    (`--rounds N`: both engines started N times, alternating, and the median ratio reported);
-3. the whole pipeline for a few steps (`trainer.skip_zero_advantage=false`: random weights earn no
+3. the whole pipeline for a few steps (`trainer.batching.skip_zero_advantage=false`: random weights earn no
    reward, and every sample must still cost its training), median seconds of a step that generates one
    batch, trains on one and syncs once.
 
@@ -95,7 +95,7 @@ def raw_vllm(path: Path, prompts: list[list[int]], batches: Sequence[Batch], sam
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if on_gpu else "0"
     from vllm import LLM
 
-    memory = memory_options(on_gpu, engine.gpu_memory_utilization, engine.kv_cache_gib)  # the budget ours gets
+    memory = memory_options(on_gpu, engine.memory.gpu_memory_utilization, engine.memory.kv_cache_gib)  # the budget ours gets
     dtype = cast("ModelDType", str(engine.weight_dtype).removeprefix("torch."))  # one of the names vLLM takes
     llm = LLM(model=str(path), dtype=dtype, max_model_len=engine.max_model_len, seed=engine.seed, **memory)
     layout = "CUDA graphs, engine core process" if on_gpu else "in-process"
@@ -155,7 +155,7 @@ PHASES = ("time/step_s", "rollout/time_s", "time/train_s", "sync/total_s")
 def end_to_end(overrides: Sequence[str], prompts: int, samples: int, max_tokens: int, steps: int) -> dict[str, Any]:
     """Median seconds of a full training step (rollout, reward, GRPO update, weight sync), evaluation off."""
     step_metrics: list[dict[str, float]] = []
-    cfg = compose_cfg([*overrides, f"trainer.steps={steps}", "trainer.skip_zero_advantage=false",
+    cfg = compose_cfg([*overrides, f"trainer.steps={steps}", "trainer.batching.skip_zero_advantage=false",
                        f"curriculum.prompts_per_step={prompts}", f"curriculum.samples_per_prompt={samples}",
                        f"run.max_new_tokens={max_tokens}", "run.eval_size=1", "run.eval_max_new_tokens=1",
                        "run.eval_every=0"])

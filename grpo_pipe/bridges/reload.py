@@ -53,7 +53,7 @@ class ReloadBridge:
             )]
         if engine.device_ids is not None:
             return [(
-                f"weight_bridge=reload shares memory with the engine on the trainer's device; rollout.device_ids="
+                f"weight_bridge=reload shares memory with the engine on the trainer's device; rollout.layout.device_ids="
                 f"{engine.device_ids!r} puts it on another GPU: use weight_bridge=nccl"
             )]
         return []

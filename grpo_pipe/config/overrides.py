@@ -100,19 +100,31 @@ def _compose(overrides: list[str]) -> DictConfig:
 
 
 def _unknown(key: str, choices: list[str]) -> str:
-    """`trainer.lrr: unknown key; nearest: trainer.lr; allowed under trainer: ...`, read from the config as the
-    chosen group options compose it."""
+    """`trainer.lrr: unknown key; nearest: trainer.optimisation.lr; allowed under trainer: ...`, read from the config
+    as the chosen group options compose it."""
     parent, _, leaf = key.rpartition(".")
     try:
         node = OmegaConf.select(_compose(choices), parent) if parent else _compose(choices)
     except Exception:  # noqa: BLE001 - without a readable parent, name the key alone
         node = None
     keys = sorted(str(k) for k in node.keys()) if isinstance(node, DictConfig) else []
-    nearest = difflib.get_close_matches(leaf, keys, n=3, cutoff=0.5)
+    by_name: dict[str, list[str]] = {}  # a key's name -> its paths under `parent`, one level down included
+    for path in keys + _one_level_down(node):
+        by_name.setdefault(path.rpartition(".")[2], []).append(path)
+    nearest = [path for name in difflib.get_close_matches(leaf, list(by_name), n=3, cutoff=0.5) for path in by_name[name]]
     prefix = f"{parent}." if parent else ""
     hint = f"; nearest: {', '.join(prefix + n for n in nearest)}" if nearest else ""
     allowed = f"; allowed{' under ' + parent if parent else ''}: {', '.join(keys)}" if keys else ""
     return f"{key}: unknown key{hint}{allowed}"
+
+
+def _one_level_down(node: object) -> list[str]:
+    """`group.key` for the keys of `node`'s own settings groups (not the components it shares): a setting that lives in
+    a group (`trainer.optimisation.lr`) is found by its name alone (`trainer.lr`)."""
+    if not isinstance(node, DictConfig):
+        return []
+    return [f"{key}.{sub}" for key in node.keys() if not OmegaConf.is_interpolation(node, str(key))
+            and isinstance(node[key], DictConfig) for sub in node[key].keys()]
 
 
 def problems_beside(args: Sequence[str], found: Sequence[str], build: Callable[[DictConfig], object]) -> list[str]:

@@ -18,7 +18,7 @@ import types
 import typing
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hydra.errors import InstantiationException
 from hydra.utils import get_object, instantiate
@@ -141,18 +141,40 @@ def component_problems(group: str, part: object, groups: Sequence[str]) -> list[
 
 
 def _each_constructor_alone(cfg: DictConfig, built: Sequence[str], groups: Sequence[str] = ()) -> list[str]:
-    """Every group built on its own scalars (nested components left as config), and its own rules: reported
-    with the type and cross-field problems, not on the next try."""
+    """Every group built on its own (the components it shares with other groups left as config), and its own rules:
+    reported with the type and cross-field problems, not on the next try."""
     problems: list[str] = []
     for group in built:
         try:
-            alone = instantiate(cfg[group], _convert_="all", _recursive_=False)
+            alone = instantiate(_own_part(cfg, group), _convert_="all")
             problems.extend(component_problems(group, alone, groups))
         except (InstantiationException, ValueError) as err:
             problems.extend(_constructor_problems(group, err))
         except Exception as err:  # noqa: BLE001 a component that needs its nested objects built: checked when built
             log.debug("%s: not checked on its own (%s)", group, err)
     return problems
+
+
+def _own_part(cfg: DictConfig, group: str) -> DictConfig:
+    """A copy of `group`'s node in which the components it shares with other groups (`trainer.loss: ${loss}`) are plain
+    settings: built, it makes its own settings groups (`trainer.optimisation`) and nothing judged elsewhere, so one
+    failing component does not hide another's rules."""
+    root = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))  # the copy's interpolations still resolve
+    node: DictConfig = cast(DictConfig, root)[group]  # a component's node: checked as one before it is built
+    _shared_as_settings(node)
+    return node
+
+
+def _shared_as_settings(node: DictConfig) -> None:
+    for key in [str(k) for k in node.keys()]:
+        value = node[key]
+        if not isinstance(value, DictConfig):
+            continue
+        if not OmegaConf.is_interpolation(node, key):
+            _shared_as_settings(value)
+        elif "_target_" in value:
+            settings = cast(dict[str, Any], OmegaConf.to_container(value, resolve=True))
+            node[key] = {k: v for k, v in settings.items() if k not in HYDRA_KEYS}
 
 
 def _constructor_problems(group: str, err: BaseException) -> list[str]:

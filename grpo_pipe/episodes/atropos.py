@@ -9,7 +9,7 @@ the token, the tokenizer and the API), registers as the trainer, and each step p
 - the scores are the environments' own: train on them with `reward=environment`.
 With `rollout_scheduler.max_staleness=0` the environments sample only while the trainer waits for its batch; while it
 trains, syncs and evaluates, their requests queue at the endpoint. With `max_staleness >= 1` and an engine that
-generates on a thread of its own (`rollout.background`, the default then), the endpoint stays open: the environments
+generates on a thread of its own (`rollout.layout.background`, the default then), the endpoint stays open: the environments
 sample while the trainer trains, every engine call and weight sync goes through that one thread (a sync lands between
 engine steps, each token keeping the version that sampled it), and what comes back too old is dropped and counted.
 The environments' own evaluations are the run's held-out evaluation (`env_eval/*`, read by `EnvironmentEvaluations`).

@@ -67,7 +67,7 @@ class SplitPlacement:
     def place(self, engine: RolloutEngine) -> RolloutEngine:
         if not isinstance(engine, VllmEngine):
             raise TypeError(f"placement=split runs rollout=vllm engines in Ray actors, got {type(engine).__name__}")
-        self._tp = engine.tensor_parallel_size
+        self._tp = engine.layout.tensor_parallel_size
         self.fleet = RayEngineFleet(engine, self._start_actors)
         return self.fleet
 
@@ -79,7 +79,7 @@ class SplitPlacement:
         cuda = torch.cuda.is_available()
         if self._tp > 1 and not cuda:
             problems.append(
-                f"rollout.tensor_parallel_size={self._tp}: tensor parallelism spreads one replica over GPUs and "
+                f"rollout.layout.tensor_parallel_size={self._tp}: tensor parallelism spreads one replica over GPUs and "
                 "this machine has none; on CPU add replicas instead (placement.num_engines)"
             )
         engine_gpus = self.num_engines * self.engine_gpus * self._tp if cuda else 0
@@ -87,7 +87,7 @@ class SplitPlacement:
         trainer_gpus = trainer.gpus_needed(cuda) if sharded else int(cuda)  # type: ignore[union-attr]
         if self.ray_address is None:  # a cluster's GPUs are counted by Ray when the groups are reserved
             problems += gpu_problems(
-                {"engines (placement.num_engines x engine_gpus x rollout.tensor_parallel_size)": engine_gpus,
+                {"engines (placement.num_engines x engine_gpus x rollout.layout.tensor_parallel_size)": engine_gpus,
                  "the trainer" + (" (trainer.world_size x gpus_per_rank)" if sharded else ""): trainer_gpus},
                 torch.cuda.device_count() if cuda else 0,
             )

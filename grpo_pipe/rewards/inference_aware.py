@@ -147,6 +147,6 @@ class InferenceAwareReward:
         if self.speculation_configured and not spec_reported and not self._warned_no_spec:
             self._warned_no_spec = True
             log.warning(
-                "rollout.speculative_config is set but no completion carried spec-decode metrics: "
+                "rollout.features.speculative_config is set but no completion carried spec-decode metrics: "
                 "the spec_accept_rate term is 0 (this vLLM may not report per-request acceptance)"
             )

@@ -1,7 +1,7 @@
 """vLLM engines in Ray actors, driven from the trainer's process as one `RolloutEngine`.
 
 Each replica is an actor holding a `VllmEngine` on its own devices, its engine core in the actor's
-process unless `rollout.in_process=false` gives the core a process of its own.
+process unless `rollout.layout.in_process=false` gives the core a process of its own.
 Ray runs an actor's calls one at a time, in the order the caller made them, with one exception: the
 calls of a weight sync (`call_workers`, `after_external_weight_update`, `set_served_version`) and the
 `is_generating` probe run in a concurrency group of their own, so a sync reaches a replica while it
@@ -38,9 +38,9 @@ class EngineHost:
     """The actor's body: one `VllmEngine` living in the actor's process."""
 
     def __init__(self, engine: VllmEngine, log_levels: dict[str, int]) -> None:
-        if not engine.layout_named:
+        if engine.layout.in_process is None:
             engine.in_process = True  # by default the core runs in the actor's process: no further process
-        # else `rollout.in_process=false`: a core process of its own (vLLM's fastest layout on a GPU); syncs
+        # else `rollout.layout.in_process=false`: a core process of its own (vLLM's fastest layout on a GPU); syncs
         # still land mid-generation, through vLLM's pause/resume (in_flight.py)
         self.engine = engine
         for name, level in log_levels.items():  # the driver's logging config does not reach this process
@@ -125,7 +125,7 @@ class RayEngineFleet:
 
     @property
     def enable_sleep_mode(self) -> bool:
-        return self.template.enable_sleep_mode
+        return self.template.memory.enable_sleep_mode
 
     @property
     def served_version(self) -> int:

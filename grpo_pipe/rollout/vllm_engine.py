@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 
-from grpo_pipe.config.errors import failed
 from grpo_pipe.dtypes import DTYPES, DtypeName
 from grpo_pipe.rollout import vllm_fixes
 from grpo_pipe.rollout.adapter_leases import AdapterLeases
@@ -27,6 +26,7 @@ from grpo_pipe.rollout.engine_options import (
     resolved_enforce_eager,
     speculation_options,
 )
+from grpo_pipe.rollout.engine_settings import FeatureSettings, LayoutSettings, MemorySettings
 from grpo_pipe.rollout.in_flight import InFlightUpdates
 from grpo_pipe.rollout.sampling_params import needs_text
 from grpo_pipe.rollout.telemetry import completions_of
@@ -39,54 +39,37 @@ log = logging.getLogger(__name__)
 
 
 class VllmEngine:
-    """An offline `vllm.LLM` engine, in this process or in an engine-core process of its own."""
+    """An offline `vllm.LLM` engine, in this process or in an engine-core process of its own.
+
+    What it serves (dtype, context, seed) is set here; how much memory it takes (`memory`), where it runs (`layout`)
+    and which optional engine features it uses (`features`) come as three settings groups (rollout/engine_settings.py)."""
 
     def __init__(
         self,
         *,
         dtype: DtypeName = "auto",
         max_model_len: int = 1024,
-        kv_cache_gib: float = 1.0,
-        gpu_memory_utilization: float = 0.35,
-        enforce_eager: bool | None = None,
-        enable_prefix_caching: bool = True,
-        enable_sleep_mode: bool = False,
-        in_process: bool | None = None,
-        max_num_seqs: int | None = None,
         seed: int = 0,
-        speculative_config: dict[str, Any] | None = None,
-        device_ids: str | None = None,
-        in_flight_updates: bool = True,
-        tensor_parallel_size: int = 1,
-        request_timestamps: bool | None = None,
-        background: bool | None = None,
+        memory: MemorySettings = MemorySettings(),
+        layout: LayoutSettings = LayoutSettings(),
+        features: FeatureSettings = FeatureSettings(),
     ) -> None:
-        self.tensor_parallel_size = tensor_parallel_size  # GPUs one replica spans (placement=split reserves them)
         self.dtype: DtypeName = dtype
         self.max_model_len = max_model_len
-        self.kv_cache_gib = kv_cache_gib
-        self.gpu_memory_utilization = gpu_memory_utilization
-        self.enforce_eager = enforce_eager  # None: CUDA graphs on a GPU, eager on a CPU (resolved where it runs)
-        self.enable_prefix_caching = enable_prefix_caching
-        self.enable_sleep_mode = enable_sleep_mode
-        self.layout_named = in_process is not None  # the config chose where the core runs (engine actors keep it)
-        if in_process is None:
-            in_process = device_ids is None and fastest_in_process()
-        self.in_process = in_process
-        self.max_num_seqs = max_num_seqs
         self.seed = seed
-        # Per-request queued / first / last token times (vLLM's request stats). Off unless asked for: vLLM's
-        # per-step stats cost ~10% of the decode rate (0.5B 8x8 on an H100, core in its own process: BENCHMARKS.md).
-        # None: the runner decides (on exactly when the reward reads them); an engine left at None records none.
-        self.request_timestamps = request_timestamps
-        self.speculative_config = dict(speculative_config) if speculative_config else None
-        self.device_ids = device_ids
-        # Syncs from other threads land between engine steps (off: they wait for the running generate call).
-        self.in_flight = InFlightUpdates(enabled=in_flight_updates)
-        # Generate on a thread of its own: `submit` returns at once, so the trainer trains while the engine
-        # generates the next batch (needs a scheduler that may run ahead, max_staleness >= 1). None: the
-        # runner decides (components.generate_in_background_if_ahead); an engine left at None generates in place.
-        self.background = background
+        self.memory = memory
+        self.layout = layout
+        self.features = features
+        # Where the engine core runs, on this machine (`layout.in_process` is what the config said; engine actors
+        # resolve a null again for their own process).
+        in_process = layout.in_process
+        self.in_process = in_process if in_process is not None else layout.device_ids is None and fastest_in_process()
+        # What the config leaves to the runner (None), decided on this object: per-request timestamps exactly when the
+        # reward reads them, background generation exactly when the scheduler may run ahead (runner/components.py).
+        # An engine left at None records none and generates in place.
+        self.request_timestamps = features.request_timestamps
+        self.background = layout.background
+        self.in_flight = InFlightUpdates(enabled=features.in_flight_updates)
         self._generator: BackgroundGenerator | None = None
         self._served_version = 0
         self.model_path: Path | None = None
@@ -99,11 +82,16 @@ class VllmEngine:
         self.weights_epoch = 0
 
     def config_problems(self) -> list[str]:
-        return failed(
-            (self.tensor_parallel_size >= 1, f"rollout.tensor_parallel_size={self.tensor_parallel_size}: must be >= 1"),
-            (self.device_ids is None or not self.in_process,
-             f"rollout.device_ids={self.device_ids!r} needs rollout.in_process=false (an engine process of its own)"),
-        )
+        return self.layout.config_problems()  # the only group with rules of its own
+
+    # Settings the engine Protocols name (RolloutEngine, LocalEngine): bridges and the runner read them on any engine.
+    @property
+    def enable_sleep_mode(self) -> bool:
+        return self.memory.enable_sleep_mode
+
+    @property
+    def device_ids(self) -> str | None:
+        return self.layout.device_ids
 
     @property
     def served_version(self) -> int:
@@ -142,22 +130,22 @@ class VllmEngine:
             model=str(model_path),
             dtype=self._resolved_dtype(),
             max_model_len=self.max_model_len,
-            enforce_eager=resolved_enforce_eager(self.enforce_eager, self.on_gpu),
-            enable_prefix_caching=self.enable_prefix_caching,
-            enable_sleep_mode=self.enable_sleep_mode,
-            max_num_seqs=self.max_num_seqs,
+            enforce_eager=resolved_enforce_eager(self.features.enforce_eager, self.on_gpu),
+            enable_prefix_caching=self.features.enable_prefix_caching,
+            enable_sleep_mode=self.memory.enable_sleep_mode,
+            max_num_seqs=self.memory.max_num_seqs,
             seed=self.seed,
-            tensor_parallel_size=self.tensor_parallel_size,
+            tensor_parallel_size=self.layout.tensor_parallel_size,
             # The engine's tensor-parallel workers are processes of its own, on the devices it was given. Left to
             # choose, vLLM picks its Ray executor inside a Ray actor (placement=split) and waits, without end or
             # message, for GPUs that the actor itself already holds.
-            **({"distributed_executor_backend": "mp"} if self.tensor_parallel_size > 1 else {}),
+            **({"distributed_executor_backend": "mp"} if self.layout.tensor_parallel_size > 1 else {}),
             disable_log_stats=not self.request_timestamps,  # vLLM records request timestamps with its stats
             logprobs_mode="processed_logprobs",  # log-probs of the distribution actually sampled from
             use_tqdm_on_load=False,  # a progress bar per weight load: console noise
             worker_extension_cls=ENGINE_OWN_CALLS,  # a bridge with an engine-side half names its own subclass
-            **memory_options(self.on_gpu, self.gpu_memory_utilization, self.kv_cache_gib),
-            **speculation_options(self.speculative_config),
+            **memory_options(self.on_gpu, self.memory.gpu_memory_utilization, self.memory.kv_cache_gib),
+            **speculation_options(self.features.speculative_config),
         )
         return {**kwargs, **self.extra_options}
 
@@ -176,11 +164,11 @@ class VllmEngine:
 
         if options is not None:
             self.extra_options = dict(options)
-        if self.speculative_config and not self.on_gpu:
+        if self.features.speculative_config and not self.on_gpu:
             vllm_fixes.ensure_cpu_speculation_fixed(self.in_process)
         started = time.perf_counter()
         self.model_path = Path(model_path)
-        with env.visible_devices(self.device_ids):
+        with env.visible_devices(self.layout.device_ids):
             self.llm = LLM(**self.engine_kwargs(self.model_path))
         self.in_flight.abandoned = False
         if self.background:
@@ -260,12 +248,12 @@ class VllmEngine:
         return self.llm is not None
 
     def worker_count(self) -> int:
-        return self.tensor_parallel_size  # one worker per tensor-parallel rank, each receives every bucket
+        return self.layout.tensor_parallel_size  # one worker per tensor-parallel rank, each receives every bucket
 
     def reload_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named weights into the running engine (in-process engines only)."""
         if not self.in_process:
-            raise RuntimeError("rollout.in_process=false: use reload_weights_from_path for an engine subprocess")
+            raise RuntimeError("rollout.layout.in_process=false: use reload_weights_from_path for an engine subprocess")
         weights = list(weights)
 
         def work() -> None:
@@ -301,7 +289,7 @@ class VllmEngine:
     def call_workers_in_process(self, fn: Any) -> Any:
         """Run `fn(worker)` on the in-process worker and return its result object itself (no copy)."""
         if not self.in_process:
-            raise RuntimeError("rollout.in_process=false: the engine's objects live in another process")
+            raise RuntimeError("rollout.layout.in_process=false: the engine's objects live in another process")
         return self.in_flight.gate.run(lambda: self._llm().collective_rpc(fn)[0])
 
     def after_external_weight_update(self) -> None:

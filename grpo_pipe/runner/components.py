@@ -104,12 +104,12 @@ def combination_problems(parts: Components) -> list[str]:
         problems.append(f"environment={type(parts.environment).__name__}: the environments score their groups; train on "
                         f"their scores with reward=environment (got {type(parts.reward).__name__})")
     if parts.placement.sleep_level > 0 and not parts.rollout.enable_sleep_mode:
-        problems.append(f"placement.sleep_level={parts.placement.sleep_level} needs rollout.enable_sleep_mode=true")
+        problems.append(f"placement.sleep_level={parts.placement.sleep_level} needs rollout.memory.enable_sleep_mode=true")
     return problems
 
 
 def generate_in_background_if_ahead(engine: RolloutEngine, kept_here: bool, parts: Components) -> list[str]:
-    """`rollout.background=null`: an engine the placement kept in this process generates on a thread of its own
+    """`rollout.layout.background=null`: an engine the placement kept in this process generates on a thread of its own
     exactly when the scheduler may run ahead of training (max_staleness >= 1) and the engine keeps its memory
     while the trainer runs; then the next batch is generated while the trainer trains. Without it a colocated
     engine generates only when the loop waits for it, and max_staleness >= 1 would make samples stale for nothing."""
@@ -123,13 +123,13 @@ def generate_in_background_if_ahead(engine: RolloutEngine, kept_here: bool, part
         return []
     problems = []
     if not kept_here:
-        problems.append("rollout.background=true: this placement runs the engines elsewhere, where they already "
+        problems.append("rollout.layout.background=true: this placement runs the engines elsewhere, where they already "
                         "generate while the trainer trains; allowed: null or false")
     if staleness < 1:
-        problems.append("rollout.background=true with rollout_scheduler.max_staleness=0: the loop waits for every batch "
+        problems.append("rollout.layout.background=true with rollout_scheduler.max_staleness=0: the loop waits for every batch "
                         "before training on it, so nothing would overlap; allowed: rollout_scheduler.max_staleness >= 1")
     if sleep_level > 0:
-        problems.append(f"rollout.background=true with placement.sleep_level={sleep_level}: the engine cannot generate "
+        problems.append(f"rollout.layout.background=true with placement.sleep_level={sleep_level}: the engine cannot generate "
                         "while it sleeps for the trainer; allowed: placement.sleep_level=0")
     return problems
 
@@ -146,7 +146,7 @@ def run_episodes_in_background_if_ahead(parts: Components) -> None:
 
 
 def record_timestamps_if_read(engine: RolloutEngine, reward: Reward) -> list[str]:
-    """`rollout.request_timestamps=null`: the engine records per-request timestamps exactly when the reward
+    """`rollout.features.request_timestamps=null`: the engine records per-request timestamps exactly when the reward
     reads them (they cost decode speed); an explicit false under a reward that reads them is a problem."""
     if not isinstance(engine, RecordsRequestTimestamps):
         return []
@@ -154,6 +154,6 @@ def record_timestamps_if_read(engine: RolloutEngine, reward: Reward) -> list[str
     if engine.request_timestamps is None:
         engine.request_timestamps = reads
     elif reads and not engine.request_timestamps:
-        return ["rollout.request_timestamps=false: the reward reads per-request timestamps (its latency term); "
+        return ["rollout.features.request_timestamps=false: the reward reads per-request timestamps (its latency term); "
                 "allowed: true or null"]
     return []

@@ -1,4 +1,4 @@
-"""Compiled decoder layers (`trainer.compile`): which layers, when, and the batch shapes that keep one graph.
+"""Compiled decoder layers (`trainer.precision.compile`): which layers, when, and the batch shapes that keep one graph.
 
 On a GPU the update of a small model is bound by kernel launches (SmolLM2-135M on an H200: 43 ms of GPU work in
 190 ms of wall time, BENCHMARKS.md); torch.compile fuses them. Only the repeated layers are compiled: one layer's
@@ -75,4 +75,4 @@ def warm_up(module: torch.nn.Module, pad_id: int, device: torch.device,
             logits = module(**batch.model_inputs(logits_to_keep)).logits
         logits.float().mean().backward()
     module.zero_grad(set_to_none=True)
-    log.info("Compiled the model's layers in %.1fs (trainer.compile)", time.perf_counter() - started)
+    log.info("Compiled the model's layers in %.1fs (trainer.precision.compile)", time.perf_counter() - started)

@@ -1,44 +1,37 @@
 """The GRPO optimisation step: advantages, micro-batched loss, `updates_per_batch` optimizer updates.
 
 The loss (`loss=grpo|dr_grpo|dapo`), the optimizer (`optimizer=adamw`) and the LR schedule are
-components built from the config and handed in; this module only runs them. Completions whose
-advantage is exactly zero (groups where every sample got the same reward) add nothing to the policy
-gradient, so with the KL term off they are counted in the normaliser but never run through the
-model: on CPU this often halves the step time.
+components built from the config and handed in (the last two inside `trainer.optimisation`); this
+module only runs them. Completions whose advantage is exactly zero (groups where every sample got the
+same reward) add nothing to the policy gradient, so with the KL term off they are counted in the
+normaliser but never run through the model: on CPU this often halves the step time.
 """
 
 from __future__ import annotations
 
-import functools
 import inspect
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol, cast
+from typing import Any, Protocol, cast
 
 import torch
 
 from grpo_pipe.config.errors import failed
-from grpo_pipe.dtypes import DtypeName
 from grpo_pipe.interfaces import ChecksItsConfig, PolicyLoss
 from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_entropy, completion_logprobs, flatten
 from grpo_pipe.trainer.compiled import COMPILED_WIDTH_MULTIPLE, compile_layers, compile_on, warm_up
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.mismatch import MismatchSums, mismatch_sums
-from grpo_pipe.trainer.precision import AutocastName, Precision
+from grpo_pipe.trainer.precision import Precision
 from grpo_pipe.trainer.rng import restore_rng, rng_state
-from grpo_pipe.trainer.schedule import WarmupSchedule
+from grpo_pipe.trainer.settings import BatchingSettings, OptimisationSettings, PrecisionSettings
 from grpo_pipe.types import LossStats, RolloutGroup
 
 log = logging.getLogger(__name__)
-
-# What the trainer completes: the optimizer (a `_partial_` component) gets the trainable parameters and the
-# trainer's lr; the LR schedule (`WarmupSchedule`) is called with the optimizer and the number of updates in the run.
-OptimizerFactory = Callable[..., torch.optim.Optimizer]
-ScheduleFactory = Callable[[torch.optim.Optimizer, int], Any]
 
 
 class TrainablePolicy(Protocol):
@@ -86,42 +79,30 @@ def default_micro_batch_size() -> int:
 
 class GRPOTrainer:
     """Owns the policy, its optimizer and LR schedule; one `step` = `updates_per_batch` optimizer updates
-    on one batch of rollouts (GRPO's mu), which bumps the policy version once."""
+    on one batch of rollouts (GRPO's mu), which bumps the policy version once.
+
+    Besides the policy, the loss and the run's length, its settings come in three groups (trainer/settings.py): how
+    the weights move (`optimisation`), how a batch is cut into passes (`batching`), the numbers it trains in
+    (`precision`)."""
 
     def __init__(
         self,
         *,
         policy: TrainablePolicy,
         loss: PolicyLoss | None = None,
-        optimizer: OptimizerFactory | None = None,
-        lr_schedule: ScheduleFactory | None = None,
         steps: int = 40,
-        lr: float = 1e-5,
-        grad_clip: float = 1.0,
-        micro_batch_size: int | None = None,
-        updates_per_batch: int = 1,
-        dtype: DtypeName = "auto",
-        autocast: AutocastName | None = "auto",
-        max_bad_steps: int = 3,
-        skip_zero_advantage: bool = True,
-        compile: bool | Literal["auto"] = "auto",
+        optimisation: OptimisationSettings = OptimisationSettings(),
+        batching: BatchingSettings = BatchingSettings(),
+        precision: PrecisionSettings = PrecisionSettings(),
     ) -> None:
         self.policy = policy
         self.loss: PolicyLoss = loss or GRPOLoss()
-        self.optimizer_factory = optimizer or functools.partial(torch.optim.AdamW, betas=(0.9, 0.999), weight_decay=0.0)
-        self.schedule_factory = lr_schedule or WarmupSchedule(name="constant")
         self.steps = steps
-        self.lr = lr
-        self.grad_clip = grad_clip
-        self.micro_batch_size_setting = micro_batch_size
-        self.micro_batch_size = micro_batch_size or default_micro_batch_size()
-        self.updates_per_batch = updates_per_batch
-        self.dtype_name = dtype
-        self.autocast_name = autocast
-        self.precision = Precision(torch.float32, None)  # resolved for the device in setup
-        self.max_bad_steps = max_bad_steps
-        self.skip_zero_advantage = skip_zero_advantage
-        self.compile = compile
+        self.optimisation = optimisation
+        self.batching = batching
+        self.precision = precision
+        self.micro_batch_size = batching.micro_batch_size or default_micro_batch_size()  # resolved for this machine
+        self.dtypes = Precision(torch.float32, None)  # resolved for the device in setup
         self.version = 0  # bumped by every step that applied at least one optimizer update
         self.bad_steps_in_a_row = 0
         self.skipped_updates = 0  # non-finite updates skipped over the whole run
@@ -133,34 +114,26 @@ class GRPOTrainer:
         self.width_multiple = 1  # micro-batch widths are padded to a multiple of this (8 for compiled layers)
 
     def config_problems(self) -> list[str]:
-        """This trainer's rules, and those of the loss and schedule it was given."""
-        mbs = self.micro_batch_size_setting
-        own = failed(
-            (self.steps >= 1, f"trainer.steps={self.steps}: must be >= 1"),
-            (self.lr > 0, f"trainer.lr={self.lr}: must be > 0"),
-            (self.grad_clip > 0, f"trainer.grad_clip={self.grad_clip}: must be > 0"),
-            (mbs is None or mbs >= 1, f"trainer.micro_batch_size={mbs}: must be >= 1, or null for the device's default"),
-            (self.updates_per_batch >= 1, f"trainer.updates_per_batch={self.updates_per_batch}: must be >= 1 (GRPO's mu)"),
-            (self.max_bad_steps >= 1, f"trainer.max_bad_steps={self.max_bad_steps}: must be >= 1"),
-            (self.compile in (True, False, "auto"), f"trainer.compile={self.compile}: must be auto, true or false"),
-        )
-        parts = (self.loss, self.schedule_factory)
-        return own + [p for part in parts if isinstance(part, ChecksItsConfig) for p in part.config_problems()]
+        """This trainer's rules, its settings groups', and the loss's it was given."""
+        own = failed((self.steps >= 1, f"trainer.steps={self.steps}: must be >= 1"))
+        groups = self.optimisation.config_problems() + self.batching.config_problems() + self.precision.config_problems()
+        loss = self.loss.config_problems() if isinstance(self.loss, ChecksItsConfig) else []
+        return own + groups + loss
 
     def setup(self, model_path: Path, device: torch.device, pad_id: int) -> None:
         self.device = device
         self.pad_id = pad_id
-        self.precision = Precision.resolve(self.dtype_name, self.autocast_name, device)
-        self.policy.load(model_path, device, self.precision.weights)
+        self.dtypes = Precision.resolve(self.precision.dtype, self.precision.autocast, device)
+        self.policy.load(model_path, device, self.dtypes.weights)
         self.logits_to_keep = takes_logits_to_keep(self.policy.module)
-        if compile_on(self.compile, device) and self.policy.module is not None:
+        if compile_on(self.precision.compile, device) and self.policy.module is not None:
             compile_layers(self.policy.module)
-            warm_up(self.policy.module, self.pad_id, device, self.precision.autocast, self.logits_to_keep)
+            warm_up(self.policy.module, self.pad_id, device, self.dtypes.autocast, self.logits_to_keep)
             self.width_multiple = COMPILED_WIDTH_MULTIPLE
         if self.loss.needs_reference:
             self.policy.keep_reference()
-        self.optimizer = self.optimizer_factory(self.policy.trainable_parameters(), lr=self.lr)
-        self.scheduler = self.schedule_factory(self.optimizer, self.steps * self.updates_per_batch)
+        self.optimizer = self.optimisation.make_optimizer(self.policy.trainable_parameters())
+        self.scheduler = self.optimisation.make_scheduler(self.optimizer, self.steps)
 
     def close(self) -> None:
         """Nothing outside this process to release."""
@@ -206,7 +179,7 @@ class GRPOTrainer:
         started = time.perf_counter()
         cache = PassCache()  # per micro-batch, from the first pass: the frozen reference, the proximal policy
         passes, applied_any, grad_norms = [], False, []
-        for _ in range(self.updates_per_batch):
+        for _ in range(self.optimisation.updates_per_batch):
             passes.append(self._accumulate(plan, temperature, cache))
             applied, grad_norm = self._apply_update()
             applied_any |= applied
@@ -236,7 +209,7 @@ class GRPOTrainer:
         # A zero advantage adds exactly nothing to the surrogate, so its forward/backward is skipped; it still counts
         # in the normaliser. The KL term and the entropy bonus are not zero for it, and bnpo counts its tokens in its
         # micro-batch's normaliser: then everything runs.
-        skip = self.skip_zero_advantage and not self.loss.needs_every_sample
+        skip = self.batching.skip_zero_advantage and not self.loss.needs_every_sample
         active = [s for s in counted if s.advantage != 0.0 or not skip]
         # Similar lengths share a micro-batch, so padding stays small.
         ordered = sorted(active, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
@@ -256,7 +229,7 @@ class GRPOTrainer:
             batch = collate(plan.active[part.start : part.stop], self.pad_id, self.device, self.width_multiple)
             if first_pass:
                 cache.reference.append(self._reference_logprobs(batch, temperature))
-            with self.precision.autocast(self.device):
+            with self.dtypes.autocast(self.device):
                 logits = module(**batch.model_inputs(self.logits_to_keep)).logits  # [B, T + 1 or P + T, V]
             new_logprobs = completion_logprobs(logits, batch, temperature)  # [B, T]
             bonus = self.loss.entropy_coef > 0  # the entropy is then a term of the loss, with its gradient
@@ -279,7 +252,7 @@ class GRPOTrainer:
     def _reference_logprobs(self, batch: MicroBatch, temperature: float) -> torch.Tensor | None:
         if not self.loss.needs_reference:
             return None
-        with torch.no_grad(), self.precision.autocast(self.device):
+        with torch.no_grad(), self.dtypes.autocast(self.device):
             logits = self.policy.reference_logits(batch.model_inputs(self.logits_to_keep))
             return completion_logprobs(logits, batch, temperature)  # [B, T]
 
@@ -288,13 +261,14 @@ class GRPOTrainer:
         assert self.optimizer is not None
         params = self.policy.trainable_parameters()
         has_grad = any(p.grad is not None for p in params)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.grad_clip)) if has_grad else 0.0
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.optimisation.grad_clip)) if has_grad else 0.0
         if not math.isfinite(grad_norm):
             self.bad_steps_in_a_row += 1
             self.skipped_updates += 1
             log.warning("Non-finite gradient (norm=%s); update skipped (%d in a row)", grad_norm, self.bad_steps_in_a_row)
-            if self.bad_steps_in_a_row >= self.max_bad_steps:
-                raise FloatingPointError(f"{self.bad_steps_in_a_row} non-finite updates in a row (trainer.max_bad_steps)")
+            if self.bad_steps_in_a_row >= self.optimisation.max_bad_steps:
+                raise FloatingPointError(
+                    f"{self.bad_steps_in_a_row} non-finite updates in a row (trainer.optimisation.max_bad_steps)")
             self.optimizer.zero_grad(set_to_none=True)
             self.optimizer.step()  # no gradients: changes nothing, keeps the scheduler's step order
             self.scheduler.step()

@@ -15,7 +15,7 @@ How this departs from the GRPO paper (Shao et al., 2024):
      first pass's forward). Every token on which engine and trainer disagree by more than the clip range
      loses its gradient before any update: measured on an H100 this removed most of the learning signal
      (docs/loss.md), so it is kept for comparison, not as a default.
-   With several optimizer passes over one batch (`trainer.updates_per_batch`, GRPO's mu) the ratio is
+   With several optimizer passes over one batch (`trainer.optimisation.updates_per_batch`, GRPO's mu) the ratio is
    taken against the reference above on every pass, so the clip bounds how far all passes together move
    each token.
 2. The KL penalty to a frozen reference model (k3 estimator, Schulman 2020) is optional and off by
@@ -41,7 +41,7 @@ How this departs from the GRPO paper (Shao et al., 2024):
 8. `aggregation: micro_batch_token_mean` (TRL's `loss_type="bnpo"`): each micro-batch's summed token losses over its
    own model tokens, averaged over the step's micro-batches. Unlike every other aggregation, the step's loss then
    depends on how completions are grouped into micro-batches (here by length; in TRL by generation order), so its
-   scale moves with `trainer.micro_batch_size`; `loss=dapo` is the batch-wide token mean. Offered for TRL users who
+   scale moves with `trainer.batching.micro_batch_size`; `loss=dapo` is the batch-wide token mean. Offered for TRL users who
    reproduce a bnpo run; zero-advantage completions then run too (their tokens count in their micro-batch).
 9. An entropy bonus (`entropy_coef`, verl's `entropy_coeff`; off by default): each model token's loss less
    entropy_coef x the policy's entropy at its position, aggregated as the surrogate. It is the one term that still

@@ -1,6 +1,6 @@
 """How far the trainer's log-probs are from the engine's on the tokens the engine sampled, measured on the
 first optimizer pass of a batch (before any update), on the completions that run through the model (with
-`trainer.skip_zero_advantage`, those whose advantage is not zero): with a synchronous loop both sides hold the same
+`trainer.batching.skip_zero_advantage`, those whose advantage is not zero): with a synchronous loop both sides hold the same
 weights, so what remains is numerics (kernels, dtypes) or a broken sync. A sync that silently failed shows
 here as a number, long before it shows as slow learning."""
 

@@ -1,4 +1,4 @@
-"""The trainer's precision (`trainer.dtype`, `trainer.autocast`): master weights in one dtype, forward and
+"""The trainer's precision (`trainer.precision.dtype`, `trainer.precision.autocast`): master weights in one dtype, forward and
 backward under autocast to another."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A thin wrapper over transformers' schedules (imported only when a run builds one), so the yaml names
 what it sets (`name`, `warmup_steps`) and the trainer supplies what only it knows (its optimizer and
-how many updates the run makes: `trainer.steps x trainer.updates_per_batch`).
+how many updates the run makes: `trainer.steps x trainer.optimisation.updates_per_batch`).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ class WarmupSchedule:
 
     def config_problems(self) -> list[str]:
         return failed(
-            (self.warmup_steps >= 0, f"trainer.lr_schedule.warmup_steps={self.warmup_steps}: must be >= 0"),
+            (self.warmup_steps >= 0, f"trainer.optimisation.lr_schedule.warmup_steps={self.warmup_steps}: must be >= 0"),
             (self.name in get_args(ScheduleName),
-             f"trainer.lr_schedule.name={self.name!r}: allowed: {', '.join(get_args(ScheduleName))}"),
+             f"trainer.optimisation.lr_schedule.name={self.name!r}: allowed: {', '.join(get_args(ScheduleName))}"),
         )
 
     def __call__(self, optimizer: torch.optim.Optimizer, total_updates: int) -> Any:

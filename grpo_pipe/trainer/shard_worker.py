@@ -14,7 +14,7 @@ scheduler) runs unchanged, through `GRPOTrainer.train_plan`. What differs from o
 3. FSDP's gradient reduction is set to a plain sum (divide factor 1): the micro-batch losses are
    already normalised by the whole batch, so the ranks' gradients add up to the full-batch gradient.
 4. Mixed precision is FSDP's: parameters and optimizer state stay in the loaded dtype (fp32 master
-   weights when `trainer.dtype=float32`), forward/backward compute in `compute_dtype`, gradients are
+   weights when `trainer.precision.dtype=float32`), forward/backward compute in `compute_dtype`, gradients are
    reduced in fp32.
 5. The KL reference (`loss.kl_coef > 0`) is kept before sharding: LoRA's is the sharded model with the
    adapter off; a full fine-tune's is a whole, unsharded frozen copy on every rank (memory: one model

@@ -13,6 +13,7 @@ on rank 0, then to this process), so no file path is shared between machines.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import time
@@ -27,6 +28,7 @@ from grpo_pipe.config.dependencies import ray_problems
 from grpo_pipe.config.errors import failed
 from grpo_pipe.trainer.errors import TrainerLost
 from grpo_pipe.trainer.grpo import BatchPlan, GRPOTrainer
+from grpo_pipe.trainer.settings import PrecisionSettings
 from grpo_pipe.trainer.shard_worker import ShardWorker, deal
 from grpo_pipe.trainer.sharded_policy import ShardedPolicy
 from grpo_pipe.types import RolloutGroup
@@ -54,8 +56,10 @@ class ShardedTrainer:
         timeout_s: float = 300.0,
         **settings: Any,
     ) -> None:
-        self._asked_to_compile = settings.get("compile") is True
-        settings["compile"] = False
+        # The ranks never compile (not supported for sharded layers yet); an explicit true is a config problem.
+        precision: PrecisionSettings = settings.get("precision", PrecisionSettings())
+        self._asked_to_compile = precision.compile is True
+        settings["precision"] = dataclasses.replace(precision, compile=False)
         self._allowed = [n for n in inspect.signature(GRPOTrainer).parameters if n != "policy"]
         self._unknown = sorted(set(settings) - set(self._allowed))  # reported by `config_problems`, not passed on
         known = {key: value for key, value in settings.items() if key in self._allowed}
@@ -87,8 +91,9 @@ class ShardedTrainer:
             (self.world_size >= 1, f"trainer.world_size={self.world_size}: must be >= 1"),
             (self.cpus_per_rank >= 1, f"trainer.cpus_per_rank={self.cpus_per_rank}: must be >= 1"),
             (self.gpus_per_rank >= 0, f"trainer.gpus_per_rank={self.gpus_per_rank}: must be >= 0"),
-            (not self._asked_to_compile, "trainer.compile=true: not with trainer=fsdp (compiling sharded layers is not "
-                                         "supported here yet); allowed: false, auto (= false for the sharded trainer)"),
+            (not self._asked_to_compile, "trainer.precision.compile=true: not with trainer=fsdp (compiling sharded "
+                                         "layers is not supported here yet); allowed: false, auto (= false for the "
+                                         "sharded trainer)"),
         )
         return unknown + own + self.template.config_problems() + ray_problems("_target_: trainer=fsdp")
 
@@ -269,7 +274,7 @@ def combine(results: list[dict[str, float]]) -> dict[str, float]:
 
 def _expose_settings() -> None:
     """Show the config validator GRPOTrainer's settings as ShardedTrainer's own (signature and type hints),
-    so `trainer.lr=abc` or a misspelt key fails with every other config error, before anything loads,
+    so `trainer.optimisation.lr=abc` or a misspelt key fails with every other config error, before anything loads,
     and new single-device settings need no change here."""
     own = inspect.signature(ShardedTrainer.__init__)
     single = inspect.signature(GRPOTrainer.__init__)

@@ -84,7 +84,7 @@ def test_a_misspelt_key_gets_the_nearest_allowed_names_not_hydras_append_advice(
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     out = done.stdout + done.stderr
     assert done.returncode == 2, out
-    assert "trainer.lrr: unknown key; nearest: trainer.lr; allowed under trainer:" in out
+    assert "trainer.lrr: unknown key; nearest: trainer.optimisation.lr; allowed under trainer:" in out
     assert "run.tempreature: unknown key; nearest: run.temperature;" in out
     assert "data.train_path: unknown key" not in out  # a key of the chosen option (data=jsonl) is known...
     assert "data.train_path='tasks.jsonl'" in out  # ...and its file, missing, is named in the same block

@@ -15,20 +15,21 @@ from tests.conftest import REPO
 # Rewards that differ within each group, so every step really moves the weights; every completion runs
 # through the trainer.
 MOVING = ["reward=python", f"reward.fn={REPO}/tests/fixtures/length_reward.py:by_length", "reward.success_at=null",
-          "trainer.skip_zero_advantage=false"]
+          "trainer.batching.skip_zero_advantage=false"]
 
 # The bridges a CPU machine runs (ipc needs a GPU), with what each needs beside it.
 CPU_BRIDGES = {
     "reload": [],
     "checkpoint": [],
     "lora": ["policy=lora"],
-    "nccl": ["weight_bridge.bucket_mb=1", "rollout.in_process=false"],
+    "nccl": ["weight_bridge.bucket_mb=1", "rollout.layout.in_process=false"],
 }
 
 
 @pytest.mark.parametrize("bridge", sorted(CPU_BRIDGES))
 def test_after_every_sync_the_engine_matches_the_trainer_to_numerics(bridge, compose_cfg, tmp_path) -> None:
-    cfg = compose_cfg([f"weight_bridge={bridge}", *CPU_BRIDGES[bridge], *MOVING, "trainer.steps=3", "trainer.lr=2e-3"])
+    cfg = compose_cfg([f"weight_bridge={bridge}", *CPU_BRIDGES[bridge], *MOVING, "trainer.steps=3",
+                       "trainer.optimisation.lr=2e-3"])
     result = run(cfg, JobContext(output_dir=tmp_path, run_name=f"mismatch-{bridge}"))
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     mismatch = [m.value for m in client.get_metric_history(result.run_id, "mismatch/logprob_abs_mean")]
@@ -66,7 +67,7 @@ class NeverLandsBridge:
 
 def test_an_engine_that_keeps_old_weights_raises_the_warning_once(compose_cfg, tmp_path, caplog) -> None:
     cfg = compose_cfg([f"weight_bridge._target_={__name__}.NeverLandsBridge", "~weight_bridge.bucket_mb",
-                       *MOVING, "trainer.steps=4", "trainer.lr=5e-2"])
+                       *MOVING, "trainer.steps=4", "trainer.optimisation.lr=5e-2"])
     with caplog.at_level(logging.WARNING, logger="grpo_pipe.runner.step_recorder"):
         result = run(cfg, JobContext(output_dir=tmp_path, run_name="stale"))
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")

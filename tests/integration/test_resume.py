@@ -113,8 +113,8 @@ def test_resume_with_a_changed_config_is_refused_before_anything_loads(reference
     ref_dir, _ = reference
     _nothing_may_load(monkeypatch)
     cfg = compose_cfg([f"trainer.steps={STEPS}", "checkpoint.every=1", "reward=inference_aware",
-                       "reward.latency_weight=0.0", "trainer.lr=0.5", f"resume={ref_dir}"])
-    with pytest.raises(ConfigError, match=r"differs from the checkpoint's .* trainer\.lr"):
+                       "reward.latency_weight=0.0", "trainer.optimisation.lr=0.5", f"resume={ref_dir}"])
+    with pytest.raises(ConfigError, match=r"differs from the checkpoint's .* trainer\.optimisation\.lr"):
         run(cfg, JobContext(output_dir=tmp_path, run_name="changed"))
 
 

@@ -22,7 +22,7 @@ def test_the_sweep_crosses_delta_and_beta(monkeypatch) -> None:
     params = dict(cfg.hydra.sweeper.params)
     assert params == {"reward.spec_accept_weight": "0.0,1.0", "reward.token_weight": "0.001,0.01"}
     assert str(cfg.hydra.mode) == "RunMode.MULTIRUN" and cfg.reward._target_.endswith("InferenceAwareReward")
-    assert cfg.rollout.speculative_config.method == "ngram"
+    assert cfg.rollout.features.speculative_config.method == "ngram"
 
 
 def test_reward_weights_gives_a_child_per_setting_with_each_term(tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ def test_optuna_sweep_runs_three_trials_and_names_the_best_on_the_parent(tmp_pat
     """Optuna's own best trial and the parent's best child are the same run and value."""
     store = f"sqlite:///{tmp_path}/mlflow.db"
     # Without speculation the engine may live in this process (the grid sweep's reason for a process of its own).
-    cheap = ["trainer.steps=1", "run.eval_size=2", "rollout.speculative_config=null", "rollout.in_process=true",
+    cheap = ["trainer.steps=1", "run.eval_size=2", "rollout.features.speculative_config=null", "rollout.layout.in_process=true",
              "weight_bridge=reload", "hydra.sweeper.n_trials=3", "run.objective=eval/reward/mean"]
     proc = subprocess.run(
         [sys.executable, "-m", "grpo_pipe", "+sweeps=optuna_reward_weights", *TINY, *cheap,

@@ -24,7 +24,7 @@ def test_sweep_composes_with_params(sweep: str, monkeypatch) -> None:
 
 
 def test_compare_bridges_gives_a_child_per_bridge_with_sync_metrics(tmp_path: Path) -> None:
-    overrides = [*TINY, "trainer.lr=1e-3", "run.eval_size=4"]
+    overrides = [*TINY, "trainer.optimisation.lr=1e-3", "run.eval_size=4"]
     store = f"sqlite:///{tmp_path}/mlflow.db"
     proc = subprocess.run(
         [sys.executable, "-m", "grpo_pipe", "+sweeps=compare_bridges", "trainer.steps=2", *overrides,  # no -m: it sets it

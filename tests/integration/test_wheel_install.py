@@ -28,7 +28,7 @@ def exact(completions, answers, **metadata):
     return [1.0 if c.strip().endswith(a) else 0.0 for c, a in zip(completions, answers)]
 '''
 JOB = [
-    "model=tiny_random", "rollout.dtype=float32", "rollout.kv_cache_gib=0.25", "rollout.max_model_len=512",
+    "model=tiny_random", "rollout.dtype=float32", "rollout.memory.kv_cache_gib=0.25", "rollout.max_model_len=512",
     "trainer.steps=1", "curriculum.prompts_per_step=2", "curriculum.samples_per_prompt=2",
     "run.max_new_tokens=8", "run.eval_size=2", "run.eval_max_new_tokens=8",
     "data=jsonl", "data.train_path=tasks.jsonl", "data.prompt_key=question",

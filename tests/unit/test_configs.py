@@ -103,6 +103,6 @@ def test_the_bridge_list_is_the_config_group() -> None:
 
 def test_the_ipc_bridge_trains_in_the_engines_dtype_unless_told_otherwise(compose_cfg) -> None:
     # One shared copy of the weights: `weight_bridge=ipc` alone is a complete choice in a sweep.
-    assert compose_cfg(["weight_bridge=ipc"]).trainer.dtype == "bfloat16"
-    assert compose_cfg(["weight_bridge=ipc", "trainer.dtype=float32"]).trainer.dtype == "float32"
-    assert compose_cfg(["weight_bridge=reload"]).trainer.dtype == compose_cfg([]).trainer.dtype
+    assert compose_cfg(["weight_bridge=ipc"]).trainer.precision.dtype == "bfloat16"
+    assert compose_cfg(["weight_bridge=ipc", "trainer.precision.dtype=float32"]).trainer.precision.dtype == "float32"
+    assert compose_cfg(["weight_bridge=reload"]).trainer.precision.dtype == compose_cfg([]).trainer.precision.dtype

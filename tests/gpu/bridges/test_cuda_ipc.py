@@ -6,8 +6,8 @@ import torch
 from tests.bridge_equality import train_sync_and_compare
 
 GPU = ["data=gsm8k", "data.path=tests/fixtures/gsm8k", "data.train_file=test.jsonl", "weight_bridge=ipc",
-       "rollout.dtype=bfloat16", "trainer.dtype=bfloat16", "trainer.lr=2e-3", "rollout.gpu_memory_utilization=0.15",
-       "rollout.max_num_seqs=16"]
+       "rollout.dtype=bfloat16", "trainer.precision.dtype=bfloat16", "trainer.optimisation.lr=2e-3",
+       "rollout.memory.gpu_memory_utilization=0.15", "rollout.memory.max_num_seqs=16"]
 
 
 def test_ipc_matches_a_fresh_engine_and_moves_no_bytes(compose_cfg, tmp_path) -> None:

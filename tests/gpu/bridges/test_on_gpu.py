@@ -14,18 +14,20 @@ from tests.bridge_equality import GREEDY, divergence, fresh_greedy, greedy, trai
 
 # A small max_num_seqs keeps CUDA-graph capture (one graph per batch size) short in tests.
 GPU = ["data=gsm8k", "data.path=tests/fixtures/gsm8k", "data.train_file=test.jsonl", "rollout.dtype=bfloat16",
-       "trainer.dtype=bfloat16", "rollout.gpu_memory_utilization=0.15", "rollout.max_num_seqs=16"]
+       "trainer.precision.dtype=bfloat16", "rollout.memory.gpu_memory_utilization=0.15", "rollout.memory.max_num_seqs=16"]
 
 
 @pytest.mark.parametrize(
     ("bridge", "fresh_from"),
-    [(["weight_bridge=reload", "trainer.lr=2e-3"], "merged"), (["weight_bridge=checkpoint", "trainer.lr=2e-3"], "merged"),
-     (["weight_bridge=lora", "trainer.lr=5e-3", "policy.rank=8", "policy.alpha=16"], "adapter")],
+    [(["weight_bridge=reload", "trainer.optimisation.lr=2e-3"], "merged"),
+     (["weight_bridge=checkpoint", "trainer.optimisation.lr=2e-3"], "merged"),
+     (["weight_bridge=lora", "trainer.optimisation.lr=5e-3", "policy.rank=8", "policy.alpha=16"], "adapter")],
     ids=["reload", "checkpoint", "lora"],
 )
 def test_bridge_matches_a_fresh_engine_on_gpu(compose_cfg, tmp_path, bridge, fresh_from) -> None:
     cfg = compose_cfg([*GPU, *bridge])
-    assert cfg.rollout.in_process is None and cfg.rollout.enforce_eager is None  # the defaults: out of process, graphs
+    # the defaults: out of process, graphs
+    assert cfg.rollout.layout.in_process is None and cfg.rollout.features.enforce_eager is None
     train_sync_and_compare(cfg, tmp_path / "saved", fresh_from)
 
 
@@ -34,7 +36,7 @@ def test_an_engine_process_with_cuda_graphs_sleeps_and_wakes_with_the_same_outpu
 
     from grpo_pipe.models.tiny_random import TinyRandomModel
 
-    engine = instantiate(compose_cfg([*GPU, "rollout.enable_sleep_mode=true"]).rollout, _convert_="all")
+    engine = instantiate(compose_cfg([*GPU, "rollout.memory.enable_sleep_mode=true"]).rollout, _convert_="all")
     assert engine.in_process is False
     engine.connect(TinyRandomModel().materialize())
     try:
@@ -51,8 +53,8 @@ def test_an_engine_process_with_cuda_graphs_sleeps_and_wakes_with_the_same_outpu
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs: trainer on one, engine process on the other")
 def test_nccl_broadcast_to_an_engine_on_another_gpu_matches_a_fresh_engine(compose_cfg, tmp_path) -> None:
-    cfg = compose_cfg([*GPU, "weight_bridge=nccl", "weight_bridge.bucket_mb=64", "rollout.in_process=false",
-                       "rollout.device_ids='1'", "trainer.lr=2e-3"])
+    cfg = compose_cfg([*GPU, "weight_bridge=nccl", "weight_bridge.bucket_mb=64", "rollout.layout.in_process=false",
+                       "rollout.layout.device_ids='1'", "trainer.optimisation.lr=2e-3"])
     stats = train_sync_and_compare(cfg, tmp_path / "saved", push_every_step=True)  # the second on the first's plan
     assert stats.bytes_moved > 0
 
@@ -66,8 +68,8 @@ def test_an_nccl_sync_that_lands_mid_generation_leaves_the_engine_equal_to_a_fre
     """The engine generates on its own thread (engine core in its own process on GPU 1, CUDA graphs, bf16); the
     trainer's push over NCCL lands between two engine steps of that generation: the running samples switch to the new
     weights at a recorded token, and afterwards the engine serves exactly what a fresh engine on those weights serves."""
-    cfg = compose_cfg([*GPU, "weight_bridge=nccl", "rollout.in_process=false", "rollout.device_ids='1'",
-                       "rollout.background=true", "rollout_scheduler.max_staleness=1"])
+    cfg = compose_cfg([*GPU, "weight_bridge=nccl", "rollout.layout.in_process=false", "rollout.layout.device_ids='1'",
+                       "rollout.layout.background=true", "rollout_scheduler.max_staleness=1"])
     parts = build(cfg)
     engine, trainer, bridge = parts.rollout, parts.trainer, parts.weight_bridge
     model_path = parts.model.materialize()
@@ -107,7 +109,7 @@ def test_an_nccl_sync_that_lands_mid_generation_leaves_the_engine_equal_to_a_fre
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs: one tensor-parallel engine spans both")
 def test_a_tensor_parallel_engine_after_reload_matches_a_fresh_tensor_parallel_engine(compose_cfg, tmp_path) -> None:
     # Each tensor-parallel worker maps the trainer's buckets (CUDA IPC) and loads its own shard through vLLM's loader.
-    cfg = compose_cfg([*GPU, "weight_bridge=reload", "rollout.tensor_parallel_size=2", "trainer.lr=2e-3"])
+    cfg = compose_cfg([*GPU, "weight_bridge=reload", "rollout.layout.tensor_parallel_size=2", "trainer.optimisation.lr=2e-3"])
     train_sync_and_compare(cfg, tmp_path / "saved", push_every_step=True)
 
 
@@ -116,7 +118,7 @@ def test_a_tensor_parallel_engine_after_reload_matches_a_fresh_tensor_parallel_e
                            "one rank on a GPU)")
 def test_a_tensor_parallel_engine_after_nccl_matches_a_fresh_tensor_parallel_engine(compose_cfg, tmp_path) -> None:
     # Every tensor-parallel worker receives every bucket in one broadcast and loads its shard of it.
-    cfg = compose_cfg([*GPU, "weight_bridge=nccl", "rollout.in_process=false", "rollout.device_ids='1,2'",
-                       "rollout.tensor_parallel_size=2", "trainer.lr=2e-3"])
+    cfg = compose_cfg([*GPU, "weight_bridge=nccl", "rollout.layout.in_process=false", "rollout.layout.device_ids='1,2'",
+                       "rollout.layout.tensor_parallel_size=2", "trainer.optimisation.lr=2e-3"])
     stats = train_sync_and_compare(cfg, tmp_path / "saved", push_every_step=True)
     assert stats.bytes_moved > 0

@@ -17,8 +17,8 @@ from grpo_pipe.runner.pipeline import JobContext, run
 # Short and small: 6 steps of 8 tasks x 8 episodes, a small final evaluation; the engine's share of the card kept low.
 COMMON = ["experiment=calculator", "trainer.steps=6", "run.max_minutes=null", "run.eval_every=0", "run.eval_size=8",
           "data.eval_size=8", "checkpoint.every=0", "curriculum.prompts_per_step=8", "curriculum.samples_per_prompt=8",
-          "rollout.gpu_memory_utilization=0.3", "trainer.skip_zero_advantage=false"]
-BRIDGES = {"reload": [], "ipc": [], "lora": ["trainer.lr=2e-4"]}
+          "rollout.memory.gpu_memory_utilization=0.3", "trainer.batching.skip_zero_advantage=false"]
+BRIDGES = {"reload": [], "ipc": [], "lora": ["trainer.optimisation.lr=2e-4"]}
 
 
 def _history(tmp_path, run_id: str, key: str) -> list[float]:

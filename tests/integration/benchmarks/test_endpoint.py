@@ -10,7 +10,7 @@ from grpo_pipe.benchmarks.endpoint import main
 def test_endpoint_benchmark_measures_both_paths_on_one_engine_and_reports_the_median_ratio(tmp_path, capsys) -> None:
     out = tmp_path / "endpoint.json"
     result = main(["--prompts", "6", "--samples", "2", "--max-tokens", "8", "--rounds", "2", "--json", str(out),
-                   "model=tiny_random", "rollout.dtype=float32", "rollout.kv_cache_gib=0.25", "rollout.max_model_len=512",
+                   "model=tiny_random", "rollout.dtype=float32", "rollout.memory.kv_cache_gib=0.25", "rollout.max_model_len=512",
                    "logger=none", "data.train_size=16", "data.eval_size=4"])
     assert json.loads(out.read_text()) == result
     assert [r["round"] for r in result["rounds"]] == [1, 2]

@@ -15,7 +15,8 @@ def test_rollout_benchmark_prints_raw_pipeline_and_step_figures(tmp_path) -> Non
     proc = subprocess.run(
         [sys.executable, "-m", "grpo_pipe.benchmarks.rollout", "--batches", "2x2,3x1", "--max-tokens", "8",
          "--repeats", "1", "--rounds", "2", "--steps", "3", "--json", str(out), "model=tiny_random", "rollout.dtype=float32",
-         "rollout.kv_cache_gib=0.25", "rollout.max_model_len=512", "logger=none", "data.train_size=16", "data.eval_size=4"],
+         "rollout.memory.kv_cache_gib=0.25", "rollout.max_model_len=512", "logger=none", "data.train_size=16",
+         "data.eval_size=4"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

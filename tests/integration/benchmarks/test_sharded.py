@@ -15,7 +15,7 @@ def test_sharded_benchmark_trains_both_world_sizes_alike_and_resumes_the_larger_
     proc = subprocess.run(
         [sys.executable, "-m", "grpo_pipe.benchmarks.sharded", "--world-sizes", "1,2", "--steps", "2", "--prompts", "2",
          "--samples", "2", "--prompt-tokens", "6", "--completion-tokens", "5", "--json", str(out), "model=tiny_random",
-         "trainer.micro_batch_size=1"],
+         "trainer.batching.micro_batch_size=1"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

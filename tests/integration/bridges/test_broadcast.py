@@ -8,8 +8,9 @@ from tests.bridge_equality import train_sync_and_compare
 
 
 def test_broadcast_over_gloo_to_an_engine_process_matches_a_fresh_engine(compose_cfg, tmp_path) -> None:
-    # rollout.in_process=false: the engine (and its worker) run in their own process.
-    cfg = compose_cfg(["weight_bridge=nccl", "weight_bridge.bucket_mb=1", "rollout.in_process=false", "trainer.lr=2e-3"])
+    # rollout.layout.in_process=false: the engine (and its worker) run in their own process.
+    cfg = compose_cfg(["weight_bridge=nccl", "weight_bridge.bucket_mb=1", "rollout.layout.in_process=false",
+                       "trainer.optimisation.lr=2e-3"])
     stats = train_sync_and_compare(cfg, tmp_path / "saved")
     assert stats.bytes_moved > 0 and stats.transport_s > 0
 

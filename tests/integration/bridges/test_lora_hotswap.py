@@ -15,7 +15,7 @@ from tests.bridge_equality import train_sync_and_compare
 
 @pytest.mark.parametrize("transport", ["memory", "folder"])
 def test_lora_hotswap_matches_a_fresh_engine_on_merged_weights(compose_cfg, tmp_path, transport) -> None:
-    cfg = compose_cfg(["weight_bridge=lora", f"weight_bridge.transport={transport}", "trainer.lr=5e-3",
+    cfg = compose_cfg(["weight_bridge=lora", f"weight_bridge.transport={transport}", "trainer.optimisation.lr=5e-3",
                        "policy.rank=8", "policy.alpha=16"])
     assert cfg.policy._target_.endswith("LoraPolicy")
     seen: dict[str, object] = {}

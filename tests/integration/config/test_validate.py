@@ -18,11 +18,12 @@ def _problems(cfg) -> list[str]:
 
 
 def test_wrong_type_literal_and_unknown_key_are_all_reported_at_once(compose_cfg) -> None:
-    cfg = compose_cfg(["trainer.lr=abc", "loss.aggregation=mean", "+trainer.lrr=1", "rollout.max_model_len=1.5"])
+    cfg = compose_cfg(["trainer.optimisation.lr=abc", "loss.aggregation=mean", "+trainer.optimisation.lrr=1",
+                       "rollout.max_model_len=1.5"])
     problems = "\n".join(_problems(cfg))
-    assert "trainer.lr='abc': expected a number" in problems
+    assert "trainer.optimisation.lr='abc': expected a number" in problems
     assert "loss.aggregation='mean': allowed values: 'sequence_mean', 'constant', 'token_mean'" in problems
-    assert "trainer.lrr: unknown setting for GRPOTrainer; allowed:" in problems and " lr," in problems
+    assert "trainer.optimisation.lrr: unknown setting for OptimisationSettings; allowed:" in problems and " lr," in problems
     assert "rollout.max_model_len=1.5: expected an integer" in problems
 
 
@@ -37,13 +38,13 @@ def test_required_missing_value_is_reported(compose_cfg) -> None:
 
 
 def test_cross_component_problem_is_a_config_error(compose_cfg) -> None:
-    cfg = compose_cfg(["rollout.device_ids='1'"])  # the engine on another GPU: reload cannot share memory with it
-    assert any("rollout.device_ids='1'" in p and "use weight_bridge=nccl" in p for p in _problems(cfg))
+    cfg = compose_cfg(["rollout.layout.device_ids='1'"])  # the engine on another GPU: reload cannot share memory with it
+    assert any("rollout.layout.device_ids='1'" in p and "use weight_bridge=nccl" in p for p in _problems(cfg))
 
 
 def test_sleep_needs_sleep_mode(compose_cfg) -> None:
     cfg = compose_cfg(["placement.sleep_level=1"])
-    assert any("rollout.enable_sleep_mode=true" in p for p in _problems(cfg))
+    assert any("rollout.memory.enable_sleep_mode=true" in p for p in _problems(cfg))
 
 
 SERVING_REWARD = ("+reward.rewards.serving={_target_: grpo_pipe.rewards.inference_aware.InferenceAwareReward, "
@@ -55,7 +56,7 @@ SERVING_REWARD = ("+reward.rewards.serving={_target_: grpo_pipe.rewards.inferenc
     (["reward=weighted"], False),
     (["reward=inference_aware"], True),  # its latency term
     (["reward=weighted", SERVING_REWARD, "+reward.weights.serving=1.0"], True),  # one of the weighted rewards reads them
-    (["rollout.request_timestamps=true"], True),  # asked for, read or not
+    (["rollout.features.request_timestamps=true"], True),  # asked for, read or not
 ])
 def test_the_engine_records_request_timestamps_when_asked_or_when_the_reward_reads_them(
     compose_cfg, overrides: list[str], recorded: bool
@@ -64,8 +65,8 @@ def test_the_engine_records_request_timestamps_when_asked_or_when_the_reward_rea
 
 
 def test_a_reward_that_reads_timestamps_refuses_an_engine_told_not_to_record_them(compose_cfg) -> None:
-    cfg = compose_cfg(["reward=inference_aware", "rollout.request_timestamps=false"])
-    assert any(p.startswith("rollout.request_timestamps=false: the reward reads per-request timestamps")
+    cfg = compose_cfg(["reward=inference_aware", "rollout.features.request_timestamps=false"])
+    assert any(p.startswith("rollout.features.request_timestamps=false: the reward reads per-request timestamps")
                for p in _problems(cfg))
 
 
@@ -109,10 +110,10 @@ def test_missing_data_folder_and_file_fail_before_anything_loads(compose_cfg, tm
 
 
 def test_constructor_range_checks_are_collected_in_the_one_format(compose_cfg) -> None:
-    problems = _problems(compose_cfg(["trainer.steps=-1", "trainer.updates_per_batch=0",
+    problems = _problems(compose_cfg(["trainer.steps=-1", "trainer.optimisation.updates_per_batch=0",
                                       "curriculum.samples_per_prompt=1", "loss.kl_coef=-0.1"]))
     text = "\n".join(problems)
-    assert "trainer.steps=-1: must be >= 1" in text and "trainer.updates_per_batch=0: must be >= 1" in text
+    assert "trainer.steps=-1: must be >= 1" in text and "trainer.optimisation.updates_per_batch=0: must be >= 1" in text
     assert "curriculum.samples_per_prompt=1" in text and "loss.kl_coef=-0.1: must be >= 0" in text
     assert "full_key" not in text and "Error in call to target" not in text
 
@@ -133,7 +134,7 @@ def test_every_loss_preset_builds(compose_cfg, loss: str) -> None:
     ("override", "expected"),
     [
         ("weight_bridge=lorra", "weight_bridge=lorra: unknown option; nearest: lora"),
-        ("trainer.lr=abc", "trainer.lr='abc': expected a number"),
+        ("trainer.optimisation.lr=abc", "trainer.optimisation.lr='abc': expected a number"),
         ("run.max_new_tokens=5000", "run.max_new_tokens=5000 leaves no room for a prompt in rollout.max_model_len=1024"),
     ],
 )
@@ -159,7 +160,7 @@ def test_cli_typo_exits_non_zero_before_any_engine_or_model_code_is_imported(ove
 @pytest.mark.parametrize(("overrides", "background"), [
     ([], False),  # on-policy: the loop waits for every batch, nothing to overlap
     (["rollout_scheduler.max_staleness=1"], True),  # the next batch is generated while the trainer trains
-    (["rollout_scheduler.max_staleness=1", "rollout.background=false"], False),  # asked not to
+    (["rollout_scheduler.max_staleness=1", "rollout.layout.background=false"], False),  # asked not to
 ])
 def test_a_colocated_engine_generates_in_the_background_exactly_when_the_scheduler_may_run_ahead(
     compose_cfg, overrides: list[str], background: bool
@@ -168,9 +169,9 @@ def test_a_colocated_engine_generates_in_the_background_exactly_when_the_schedul
 
 
 @pytest.mark.parametrize(("overrides", "problem"), [
-    (["rollout.background=true"], "rollout.background=true with rollout_scheduler.max_staleness=0"),
-    (["rollout.background=true", "rollout_scheduler.max_staleness=1", "placement.sleep_level=1",
-      "rollout.enable_sleep_mode=true"], "rollout.background=true with placement.sleep_level=1"),
+    (["rollout.layout.background=true"], "rollout.layout.background=true with rollout_scheduler.max_staleness=0"),
+    (["rollout.layout.background=true", "rollout_scheduler.max_staleness=1", "placement.sleep_level=1",
+      "rollout.memory.enable_sleep_mode=true"], "rollout.layout.background=true with placement.sleep_level=1"),
 ])
 def test_background_generation_that_cannot_overlap_is_refused(compose_cfg, overrides: list[str], problem: str) -> None:
     assert any(p.startswith(problem) and "allowed:" in p for p in _problems(compose_cfg(overrides)))

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo_pipe.episodes.tool_episodes import ToolEpisodes
 from grpo_pipe.models.tiny_random import TinyRandomModel
+from grpo_pipe.rollout.engine_settings import MemorySettings
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.runner.pipeline import JobContext, run
 from grpo_pipe.types import SamplingSettings, Task
@@ -33,7 +34,7 @@ def model_path() -> Path:
 
 @pytest.fixture(scope="module")
 def engine(model_path: Path) -> Iterator[VllmEngine]:
-    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25)
+    engine = VllmEngine(dtype="float32", max_model_len=512, memory=MemorySettings(kv_cache_gib=0.25))
     engine.connect(model_path)
     try:
         yield engine

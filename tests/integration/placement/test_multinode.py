@@ -44,7 +44,7 @@ def test_two_node_cluster_trains_on_two_ranks_and_syncs_two_replicas(compose_cfg
     30 GB through Ray and the host per sync, and the first sync never finished)."""
     import ray
 
-    cfg = compose_cfg([*SCALE_OUT, f"placement.ray_address={two_nodes}", "trainer.micro_batch_size=4"])
+    cfg = compose_cfg([*SCALE_OUT, f"placement.ray_address={two_nodes}", "trainer.batching.micro_batch_size=4"])
     nodes: set[str] = set()
     gathered_here = ShardedPolicy.named_weights
 
@@ -65,14 +65,14 @@ def test_two_node_cluster_trains_on_two_ranks_and_syncs_two_replicas(compose_cfg
 
 def test_scale_out_config_errors_come_before_anything_loads(compose_cfg) -> None:
     with pytest.raises(ConfigError) as caught:
-        build(compose_cfg([*SCALE_OUT, "rollout.tensor_parallel_size=2", "placement.ray_address=127.0.0.1:1"]))
+        build(compose_cfg([*SCALE_OUT, "rollout.layout.tensor_parallel_size=2", "placement.ray_address=127.0.0.1:1"]))
     message = str(caught.value)
     assert "placement.ray_address='127.0.0.1:1': no Ray cluster answers there" in message
-    assert "rollout.tensor_parallel_size=2: tensor parallelism spreads one replica over GPUs" in message
+    assert "rollout.layout.tensor_parallel_size=2: tensor parallelism spreads one replica over GPUs" in message
     with pytest.raises(ConfigError, match="trainer.world_size=2 with placement=colocated: .* use placement=split"):
         build(compose_cfg(["trainer=fsdp", "weight_bridge=reload"]))
-    with pytest.raises(ConfigError, match=r"trainer.lr='abc': expected a number"):
-        build(compose_cfg([*SCALE_OUT, "trainer.lr=abc"]))
+    with pytest.raises(ConfigError, match=r"trainer.optimisation.lr='abc': expected a number"):
+        build(compose_cfg([*SCALE_OUT, "trainer.optimisation.lr=abc"]))
 
 
 def test_too_few_gpus_names_every_consumer() -> None:

@@ -66,8 +66,9 @@ def test_async_split_run_stays_within_the_bound_and_trains_every_group(compose_c
 def test_drop_policy_discards_too_stale_groups_and_accounts_for_each(compose_cfg, tmp_path) -> None:
     # In-flight updates off: a batch submitted before a sync is generated wholly on the old weights (the
     # sync waits for the call), so which batches are too stale is fixed by the call order, not by timing.
-    cfg = compose_cfg(["placement=split", "weight_bridge=checkpoint", "trainer.steps=3", "rollout.in_flight_updates=false",
-                       "rollout_scheduler.max_staleness=0", "rollout_scheduler.stale_policy=drop"])
+    cfg = compose_cfg(["placement=split", "weight_bridge=checkpoint", "trainer.steps=3",
+                       "rollout.features.in_flight_updates=false", "rollout_scheduler.max_staleness=0",
+                       "rollout_scheduler.stale_policy=drop"])
     result = run(cfg, JobContext(output_dir=tmp_path, run_name="drop"))
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     assert all(s == 0.0 for s in _history(client, result.run_id, "async/staleness_max"))
@@ -86,7 +87,7 @@ def test_a_broadcast_mid_generation_reaches_the_actor_engine_between_two_steps(c
     actor's updates group, lands between two engine steps, and running samples continue on the new
     weights with the switch recorded at the exact token (checked against the same seeded run). The engine
     core runs in the actor's process (the default) or in a process of its own (vLLM's pause/resume)."""
-    layout = ["rollout.in_process=false"] if core == "in_its_own_process" else []
+    layout = ["rollout.layout.in_process=false"] if core == "in_its_own_process" else []
     parts = build(compose_cfg(["placement=split", "weight_bridge=nccl", *layout]))
     engine, trainer, bridge = parts.rollout, parts.trainer, parts.weight_bridge
     model_path = parts.model.materialize()
@@ -172,7 +173,7 @@ def test_a_killed_engine_actor_leaves_no_engine_process_behind(compose_cfg) -> N
     workers end with it, so a restarted engine finds the device free. The engine's processes are known by
     parentage (the actor's descendants, each by pid and start time), read once the engine has answered; nothing
     depends on the title vLLM gives its processes or on when it sets it."""
-    parts = build(compose_cfg(["placement=split", "weight_bridge=nccl", "rollout.in_process=false"]))
+    parts = build(compose_cfg(["placement=split", "weight_bridge=nccl", "rollout.layout.in_process=false"]))
     engine = parts.rollout
     engine.connect(parts.model.materialize(), parts.weight_bridge.engine_options())
     try:

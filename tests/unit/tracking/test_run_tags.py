@@ -87,8 +87,8 @@ def test_a_sweep_parent_is_named_by_what_it_varies_and_its_folder() -> None:
     from grpo_pipe.tracking.run_tags import sweep_run_name, sweep_spec
 
     argv = ["-m", "weight_bridge=reload,lora", "trainer.steps=2", "reward.wrong=0.0,-0.2"]
-    spec = sweep_spec(argv, {"trainer.lr": "interval(1e-6, 1e-4)"})
-    assert spec == "weight_bridge=reload,lora reward.wrong=0.0,-0.2 trainer.lr=interval(1e-6, 1e-4)"
+    spec = sweep_spec(argv, {"trainer.optimisation.lr": "interval(1e-6, 1e-4)"})
+    assert spec == "weight_bridge=reload,lora reward.wrong=0.0,-0.2 trainer.optimisation.lr=interval(1e-6, 1e-4)"
     assert sweep_run_name(spec, "/x/outputs/multiruns/2026-11-27_15-41-09") == (
         f"sweep {spec} (2026-11-27_15-41-09)")
     assert sweep_run_name("", "/x/2026-11-27") == "sweep 2026-11-27"
