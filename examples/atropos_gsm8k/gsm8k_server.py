@@ -64,9 +64,11 @@ class Gsm8kServer(BaseEnv):
 
     @classmethod
     def config_init(cls) -> tuple[Gsm8kConfig, list[APIServerConfig]]:
+        # max_num_workers_per_node: problems sampled at once (atroposlib's default, 8, leaves a fast engine idle
+        # between small bursts; it still caps them at what fits its queue of max_batches_offpolicy batches).
         env = Gsm8kConfig(group_size=8, use_wandb=False, wandb_name="gsm8k", max_token_length=1024,
                           total_steps=1000, ensure_scores_are_not_same=False, batch_size=64,
-                          steps_per_eval=1_000_000)
+                          steps_per_eval=1_000_000, max_num_workers_per_node=32)
         return env, [APIServerConfig(model_name="grpo_pipe", server_type="vllm", num_requests_for_eval=64)]
 
     async def setup(self) -> None:
