@@ -32,7 +32,6 @@ from typing import Any, Literal, cast
 
 import torch
 
-from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.types import Completion, RequestTelemetry, RewardOutput, RolloutGroup, Task
 
 RewardFn = Callable[..., Sequence[float | None]]
@@ -179,7 +178,7 @@ def load_function(spec: str) -> RewardFn:
     """`package.module:function` or `path/to/file.py:function` -> the function."""
     module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
-        raise ConfigError(["expected '<module or file.py>:<function>'"])
+        raise ValueError("expected '<module or file.py>:<function>'")  # config_problems names it with the setting
     if module_name.endswith(".py"):
         module = _module_from_file(Path(module_name).expanduser())
     else:
