@@ -5,9 +5,10 @@ which this class drives): the run serves its engine on 127.0.0.1 behind a token 
 server and `processes` copies of `verifiers_worker.py` under the verifiers environment's own Python (`python`: verifiers
 and vLLM pin `openai` and `mcp` apart, so they cannot share one). Each worker loads the environment (`name`, `args`),
 runs `group_size` rollouts per task through the endpoint with verifiers' train client (token ids in and out:
-`/inference/v1/generate`), and posts each group with its rubric's rewards. The trainer side is Atropos's, unchanged:
-every trained span is checked against what the engine served, a malformed or foreign group is refused and counted,
-a worker that dies is restarted (`max_restarts` in all). Train on the rubric's rewards with `reward=environment`.
+`/inference/v1/generate`; it renders each chat with `renderer`, a `renderers` config), and posts each group with its
+rubric's rewards. The trainer side is Atropos's, unchanged: every trained span is checked against what the engine
+served, a malformed or foreign group is refused and counted, a worker that dies is restarted (`max_restarts` in all).
+Train on the rubric's rewards with `reward=environment`.
 """
 
 from __future__ import annotations
@@ -28,20 +29,43 @@ if TYPE_CHECKING:
 WORKER = Path(__file__).with_name("verifiers_worker.py")
 VENV_PYTHON = Path(__file__).resolve().parents[2] / ".venv-verifiers" / "bin" / "python"  # `.ci/setup.sh` makes it
 VERSION = "0.4."  # the `verifiers.v1` API the worker is written against
+RENDERER_PROBE = """
+import json, sys
+from pydantic import TypeAdapter, ValidationError
+from renderers import RendererConfig
+try:
+    TypeAdapter(RendererConfig).validate_python(json.loads(sys.argv[1]))
+except ValidationError as err:
+    sys.exit("; ".join(".".join(map(str, e["loc"][1:])) + ": " + e["msg"] if e["loc"][1:] else e["msg"]
+                       for e in err.errors()))
+except Exception as err:
+    sys.exit(f"{type(err).__name__}: {err}")
+"""  # validates `renderer` as verifiers' TrainClientConfig will, in the environment's Python; says why not on stderr
+
+
+def _renderer_config(renderer: str | Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A `renderers` config as plain JSON data (a bare name is `{name: ...}`); None: verifiers' default, the model's
+    own chat template."""
+    if renderer is None:
+        return None
+    return json.loads(json.dumps({"name": renderer} if isinstance(renderer, str) else dict(renderer)))
 
 
 class VerifiersEnvironment:
     """A verifiers environment as the run's source of scored groups (see the module docstring)."""
 
-    def __init__(self, *, name: str, args: Mapping[str, Any] | None = None, python: str | None = None,
-                 processes: int = 1, groups_per_step: int = 32, group_size: int = 8, batch_timeout_s: float = 600.0,
-                 max_restarts: int = 3, model_name: str = "grpo_pipe", report_every_s: float = 30.0) -> None:
+    def __init__(self, *, name: str, args: Mapping[str, Any] | None = None,
+                 renderer: str | Mapping[str, Any] | None = None, python: str | None = None, processes: int = 1,
+                 groups_per_step: int = 32, group_size: int = 8, batch_timeout_s: float = 600.0, max_restarts: int = 3,
+                 model_name: str = "grpo_pipe", report_every_s: float = 30.0) -> None:
         self.name = name  # a taskset id: a module exporting one verifiers Taskset (verifiers' own, or importable)
         self.args = json.loads(json.dumps(dict(args or {})))  # the rest of verifiers' env config (harness, ...)
+        self.renderer = _renderer_config(renderer)  # verifiers' `TrainClientConfig.renderer`; checked in config_problems
         self.python = python or str(VENV_PYTHON)  # resolved here; checked in config_problems
         self.processes = processes
-        self._base = [[str(WORKER), f"--vf.name={name}", f"--vf.args={json.dumps(self.args)}", f"--vf.seed={index}"]
-                      for index in range(processes)]
+        chosen = [f"--vf.renderer={json.dumps(self.renderer)}"] if self.renderer is not None else []
+        self._base = [[str(WORKER), f"--vf.name={name}", f"--vf.args={json.dumps(self.args)}", *chosen,
+                       f"--vf.seed={index}"] for index in range(processes)]
         self._atropos = AtroposEnvironment(environments=self._base, groups_per_step=groups_per_step,
                                            group_size=group_size, batch_timeout_s=batch_timeout_s,
                                            max_restarts=max_restarts, model_name=model_name,
@@ -50,7 +74,8 @@ class VerifiersEnvironment:
     def config_problems(self) -> list[str]:
         problems = [] if self.processes >= 1 else [f"processes={self.processes}: need >= 1 worker"]
         problems += self._atropos.config_problems()
-        return problems + self._interpreter_problems()
+        interpreter = self._interpreter_problems()
+        return problems + (interpreter or self._renderer_problems())
 
     def _interpreter_problems(self) -> list[str]:
         if not Path(self.python).is_file():
@@ -66,6 +91,22 @@ class VerifiersEnvironment:
             return [f"python={self.python!r}: has no verifiers installed (pip install verifiers==0.4.0 there)"]
         if not version.startswith(VERSION):
             return [f"python={self.python!r}: has verifiers {version}; needs {VERSION}x (the verifiers.v1 API)"]
+        return []
+
+    def _renderer_problems(self) -> list[str]:
+        """The renderer config as verifiers will build it, in the environment's Python (only it has `renderers`): an
+        unknown name is refused with the names there are, a custom renderer's import path must resolve."""
+        if self.renderer is None:
+            return []
+        try:
+            done = subprocess.run([self.python, "-c", RENDERER_PROBE, json.dumps(self.renderer)], capture_output=True,
+                                  text=True, timeout=120)
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return [f"renderer={self.renderer!r}: could not be checked ({type(err).__name__}: {err})"]
+        if done.returncode != 0:
+            said = done.stderr.strip().splitlines()[-1:] or [f"exit status {done.returncode}"]
+            return [f"renderer={self.renderer!r}: not a renderer verifiers can build: {said[0]} (a `renderers` config: "
+                    "a name it ships, e.g. {name: qwen3}, or {name: custom, import_path: module.Class})"]
         return []
 
     # -- the episode runner's part: held-out evaluation as single turns, as environment=atropos ---------------

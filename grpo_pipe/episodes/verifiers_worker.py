@@ -1,6 +1,6 @@
 """A verifiers environment as an Atropos environment process: run by the verifiers environment's own Python (verifiers
 0.4 and vLLM cannot share one: their `openai` and `mcp` pins disagree), as a script, so it imports only the standard
-library, `httpx` and `verifiers`, never `grpo_pipe`.
+library, `httpx` and `verifiers` (with its `renderers`), never `grpo_pipe`.
 
 It loads the environment (`--vf.name`, a taskset id; `--vf.args`, the rest of its config as JSON), registers with
 Atropos's API server as an environment and loops: a task, `group_size` rollouts of it through the run's endpoint with
@@ -10,15 +10,16 @@ trainer checks every trained span against what the engine served (`episodes.scor
 with nothing but the scores.
 
 A trace is a list of branches, each one token sequence (prompt, then sampled and environment tokens; `sampled_mask`
-says which the model sampled). A renderer that bridges turns gives one branch per episode; one that cannot (the
-default renderer) gives one branch per model turn. Branch k of each rollout of a task forms one group, scored with
-each rollout's reward: every group has exactly `group_size` sequences, as Atropos batches them. A branch position that
-not every rollout reached, or a rollout that failed, is left out and said in the log.
+says which the model sampled). A renderer that bridges turns (`--vf.renderer`, a `renderers` config, names one) gives
+one branch per episode; one that cannot (the default renderer) gives one branch per model turn. Branch k of each
+rollout of a task forms one group, scored with each rollout's reward: every group has exactly `group_size` sequences,
+as Atropos batches them. A branch position that not every rollout reached, or a rollout that failed, is left out and
+said in the log.
 
     PYTHON verifiers_worker.py --vf.name TASKSET --vf.args '{"agent": {"harness": {"id": "..."}}}' \
         --env.rollout_server_url URL --env.tokenizer_name DIR --env.group_size 4 \
         --openai.base_url ENDPOINT/v1 --openai.api_key TOKEN --openai.model_name NAME \
-        --vf.temperature 1.0 --vf.max_tokens 64
+        --vf.temperature 1.0 --vf.max_tokens 64 [--vf.renderer '{"name": "qwen3"}']
 """
 
 from __future__ import annotations
@@ -124,7 +125,8 @@ async def serve(options: argparse.Namespace) -> None:
         raise SystemExit(f"verifiers environment {options.name!r} has no tasks")
     log.info("loaded verifiers environment %s: %d tasks", options.name, len(tasks))
     client = vf.TrainClientConfig(base_url=options.base_url, api_key_var=KEY_VARIABLE,
-                                  renderer_model_name=options.tokenizer)
+                                  renderer_model_name=options.tokenizer, renderer=json.loads(options.renderer or "null"))
+    check_renderer(client.renderer, options.tokenizer)
     ctx = vf.ModelContext(model=options.model_name, client=client,
                           sampling=vf.Sampling(temperature=options.temperature, max_tokens=options.max_tokens))
     api = AtroposEnvironmentClient(options.api_url, options.name, options.group_size, options.max_token_length)
@@ -153,6 +155,19 @@ async def serve(options: argparse.Namespace) -> None:
                 await api.post(group)
 
 
+def check_renderer(renderer: Any, tokenizer: str) -> None:
+    """Exits saying why when the renderer cannot be built for the model's tokenizer (a family's renderer needs its
+    special tokens): verifiers would otherwise fail every rollout on it, one by one."""
+    from renderers import create_renderer  # pyright: ignore[reportMissingImports]  # verifiers' dependency
+    from renderers.base import load_tokenizer  # pyright: ignore[reportMissingImports]
+
+    try:
+        create_renderer(load_tokenizer(tokenizer), renderer)
+    except Exception as err:  # whatever the renderer's own checks raise
+        name = getattr(renderer, "name", "auto")
+        raise SystemExit(f"renderer {name!r} cannot render for the tokenizer at {tokenizer}: {err}") from err
+
+
 def parse(argv: Sequence[str]) -> argparse.Namespace:
     """The flags the run passes (those of an Atropos environment, and `--vf.*`); others are ignored."""
     parser = argparse.ArgumentParser(description="a verifiers environment as an Atropos environment process")
@@ -161,6 +176,8 @@ def parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--vf.temperature", dest="temperature", type=float, default=1.0)
     parser.add_argument("--vf.max_tokens", dest="max_tokens", type=int, default=64)
     parser.add_argument("--vf.seed", dest="seed", type=int, default=0)
+    parser.add_argument("--vf.renderer", dest="renderer", default=None,
+                        help="verifiers' TrainClientConfig.renderer as JSON; default: resolved by the tokenizer's name")
     parser.add_argument("--env.rollout_server_url", dest="api_url", required=True)
     parser.add_argument("--env.tokenizer_name", dest="tokenizer", required=True)
     parser.add_argument("--env.group_size", dest="group_size", type=int, default=8)

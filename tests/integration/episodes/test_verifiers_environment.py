@@ -19,7 +19,7 @@ import pytest
 
 from grpo_pipe.episodes.atropos_api import AtroposApi, AtroposServer, EnvironmentProcesses, NoBatch, Registration
 from grpo_pipe.episodes.scored_groups import Limits, RefusedGroup, ScoredGroup, read_scored_group
-from grpo_pipe.episodes.verifiers import VENV_PYTHON, WORKER
+from grpo_pipe.episodes.verifiers import VENV_PYTHON, WORKER, VerifiersEnvironment
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.serving.endpoint import EngineEndpoint
 from grpo_pipe.types import TakenBatch
@@ -30,6 +30,7 @@ FIXTURES = REPO / "tests" / "fixtures" / "verifiers"  # the environment's module
 TASKSET = "vf_sums"
 HARNESS = "vf_chat_loop"
 WEIGHT = 2.0  # the fixture's reward weight; its rule: (sum of the first turn's sampled ids mod 4) / 3
+CHATML = {"name": "custom", "import_path": "vf_chatml.ChatMLRenderer"}  # the fixture renderer that bridges turns
 
 
 @pytest.fixture(autouse=True)
@@ -53,15 +54,17 @@ def endpoint() -> Iterator[EngineEndpoint]:
         yield served
 
 
-def _batch(endpoint: EngineEndpoint, tmp_path: Path, turns: int) -> tuple[list[dict[str, Any]], list[ScoredGroup]]:
+def _batch(endpoint: EngineEndpoint, tmp_path: Path, turns: int, renderer: dict[str, Any] | None = None,
+           ) -> tuple[list[dict[str, Any]], list[ScoredGroup]]:
     """One batch of 2 groups of 2 from a worker running the fixture environment, as posted and as the trainer reads
     it."""
     server = AtroposServer(tmp_path / "atropos-api.log")
     server.start()
     model = str(endpoint.engine.model_path)
     args = json.dumps({"agent": {"harness": {"id": HARNESS, "turns": turns}}})
-    worker = [str(WORKER), f"--vf.name={TASKSET}", f"--vf.args={args}", "--vf.temperature=1.0", "--vf.max_tokens=8",
-              "--env.max_token_length=512"]
+    chosen = [f"--vf.renderer={json.dumps(renderer)}"] if renderer is not None else []
+    worker = [str(WORKER), f"--vf.name={TASKSET}", f"--vf.args={args}", *chosen, "--vf.temperature=1.0",
+              "--vf.max_tokens=8", "--env.max_token_length=512"]
     connection = [f"--env.rollout_server_url={server.url}", f"--env.tokenizer_name={model}", "--env.group_size=2",
                   f"--openai.base_url={endpoint.base_url}", f"--openai.api_key={endpoint.token}",
                   "--openai.model_name=tiny"]
@@ -135,6 +138,44 @@ def test_a_two_turn_verifiers_environment_trains_each_model_turn_on_the_engines_
     for scored in first:
         for index in range(len(scored.group.completions)):
             assert scored.scores[index] == pytest.approx(_rubric(_first_turn(scored, index)))
+
+
+def test_with_a_renderer_that_bridges_turns_a_two_turn_episode_is_one_sequence_of_the_engines_tokens(
+        endpoint: EngineEndpoint, tmp_path: Path) -> None:
+    """With `renderer` set to one that bridges turns (the fixture's ChatML renderer: none that verifiers ships takes this
+    tokenizer), each rollout is ONE sequence: both model turns trained, each exactly the tokens and log-probs the engine
+    sampled after everything before it; the follow-up between them masked; scored with the rubric's reward."""
+    _, groups = _batch(endpoint, tmp_path, turns=2, renderer=CHATML)
+    assert len(groups) == 2 and all(len(g.group.completions) == 2 for g in groups)
+    tokenizer = endpoint.model.tokenizer
+    for scored in groups:
+        for index, completion in enumerate(scored.group.completions):
+            sequence = [*scored.group.prompt_token_ids, *completion.token_ids]
+            trained = [False] * len(scored.group.prompt_token_ids) + list(completion.sampled_by_model)
+            turns = _spans(trained)
+            assert len(turns) == 2  # both model turns, in one sequence
+            for begin, end in turns:
+                record = endpoint.served.find(sequence[:begin], sequence[begin:end])
+                assert record is not None  # sampled by the engine after exactly the tokens before it
+                offset = len(scored.group.prompt_token_ids)
+                assert list(completion.logprobs[begin - offset:end - offset]) == list(record.logprobs)
+            between = sequence[turns[0][1]:turns[1][0]]
+            assert "again" in tokenizer.decode(between) and not any(trained[turns[0][1]:turns[1][0]])
+            assert scored.scores[index] == pytest.approx(_rubric(sequence[turns[0][0]:turns[0][1]]))
+
+
+def _spans(trained: list[bool]) -> list[tuple[int, int]]:
+    """[begin, end) of each run of trained positions."""
+    edges = [p for p in range(len(trained) + 1)
+             if (p < len(trained) and trained[p]) != (p > 0 and trained[p - 1])]
+    return list(zip(edges[::2], edges[1::2]))
+
+
+def test_a_renderer_verifiers_cannot_build_is_refused_before_anything_loads() -> None:
+    problems = VerifiersEnvironment(name=TASKSET, renderer="no-such-renderer", python=_python()).config_problems()
+    assert len(problems) == 1 and problems[0].startswith("renderer={'name': 'no-such-renderer'}: not a renderer")
+    assert "'qwen3'" in problems[0] and "'custom'" in problems[0]  # the names there are
+    assert VerifiersEnvironment(name=TASKSET, renderer=CHATML, python=_python()).config_problems() == []
 
 
 @pytest.mark.parametrize("turns", [1, 2])

@@ -1,8 +1,10 @@
 """environment=verifiers's own rules, checked before anything loads: the verifiers environment's Python must exist and
-have verifiers 0.4 (the run's own cannot: their pins clash). The rest is environment=atropos's, tested there."""
+have verifiers 0.4 (the run's own cannot: their pins clash); `renderer` is checked there too (tests/integration). The
+rest is environment=atropos's, tested there."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 from grpo_pipe.episodes.verifiers import VerifiersEnvironment
@@ -25,3 +27,11 @@ def test_each_worker_gets_the_environment_and_a_seed_of_its_own() -> None:
     environment = VerifiersEnvironment(name="t", args={"agent": {"harness": {"id": "h"}}}, processes=2)
     assert [c[1:] for c in environment._base] == [
         ["--vf.name=t", '--vf.args={"agent": {"harness": {"id": "h"}}}', f"--vf.seed={i}"] for i in range(2)]
+
+
+def test_a_renderer_reaches_every_worker_as_verifiers_config_a_bare_name_as_its_name() -> None:
+    environment = VerifiersEnvironment(name="t", renderer="qwen3", processes=2)
+    assert [c[1:] for c in environment._base] == [
+        ["--vf.name=t", "--vf.args={}", '--vf.renderer={"name": "qwen3"}', f"--vf.seed={i}"] for i in range(2)]
+    custom = {"name": "custom", "import_path": "my_renderers.Mine"}
+    assert VerifiersEnvironment(name="t", renderer=custom)._base[0][3] == f"--vf.renderer={json.dumps(custom)}"

@@ -68,9 +68,10 @@ def test_the_worker_reads_the_flags_the_run_passes_and_ignores_the_others() -> N
     options = parse(["--vf.name=t", "--vf.args={}", "--env.rollout_server_url=http://a", "--env.tokenizer_name=/m",
                      "--env.group_size=4", "--openai.base_url=http://e/v1", "--openai.api_key=k",
                      "--openai.model_name=grpo_pipe", "--openai.server_type=vllm", "--env.use_wandb=false",
-                     "--vf.temperature=0.7", "--vf.max_tokens=16"])
+                     "--vf.temperature=0.7", "--vf.max_tokens=16", '--vf.renderer={"name": "qwen3"}'])
     assert (options.name, options.group_size, options.api_key, options.temperature, options.max_tokens) == \
         ("t", 4, "k", 0.7, 16)
+    assert options.renderer == '{"name": "qwen3"}'  # verifiers' TrainClientConfig.renderer; unset: the default
 
 
 def test_the_worker_takes_the_token_from_the_config_file_the_run_writes(tmp_path) -> None:
