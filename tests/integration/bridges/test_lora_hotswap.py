@@ -74,9 +74,17 @@ def test_adapters_pushed_while_a_generation_runs_leave_its_adapter_until_it_ends
         while engine.generation_steps() < 4:
             assert time.monotonic() < deadline, "the generation never got going"
             time.sleep(0.001)
-        push_weights(bridge, engine, trainer.policy, 2)
-        push_weights(bridge, engine, trainer.policy, 3)
-        assert engine.adapters.leased() == {1}  # the pushes above returned while the generation still ran
+
+        def push_two_more() -> tuple[bool, set[int]]:
+            # Run by the generating thread between two steps of the running call, which waits meanwhile: both pushes
+            # land while it provably runs, however long they take on a loaded machine (as a sync from the trainer's
+            # thread lands: between two steps).
+            push_weights(bridge, engine, trainer.policy, 2)
+            push_weights(bridge, engine, trainer.policy, 3)
+            return engine.is_generating(), set(engine.adapters.leased())
+
+        mid_generation, leased = engine.between_steps(push_two_more)
+        assert mid_generation and leased == {1}  # adapter 1 stays while the call that runs on it lasts
         during = running.result().completions
         assert all(len(c.token_ids) == 200 and c.policy_version == 1 for group in during for c in group)
         assert engine.adapters.leased() == set()
