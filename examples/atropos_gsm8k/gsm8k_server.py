@@ -1,7 +1,8 @@
 """GSM8K as an Atropos environment, written on atroposlib's BaseEnv the way the Atropos trainer's quick start runs it:
 each problem is sampled `group_size` times through the trainer's endpoint (ManagedServer over vLLM's `/generate`, so
 the tokens and log-probs posted are the engine's own), each answer scored 1 if its number after `####` equals the
-reference, and the group posted to the Atropos API. `evaluate` grades the first `eval_rows` test problems greedily.
+reference (`--env.format_score S`: a wrong number in the asked format scores S, the shaping a small model needs to get
+any signal at all), and the group posted to the Atropos API. `evaluate` grades the first `eval_rows` test problems greedily.
 
     python -m grpo_pipe environment=atropos reward=environment model=smollm2_135m \
         "environment.environments=[[examples/atropos_gsm8k/gsm8k_server.py,serve,--env.data_dir,DIR]]"
@@ -30,6 +31,8 @@ class Gsm8kConfig(BaseEnvConfig):
     temperature: float = Field(default=1.0, description="sampling temperature of training groups")
     eval_rows: int = Field(default=64, description="test problems graded by evaluate (greedy)")
     seed: int = Field(default=0, description="order of the training problems")
+    format_score: float = Field(default=0.0, ge=0.0, lt=1.0,
+                                description="score of a wrong answer given in the asked format (#### <number>)")
 
 
 def read_rows(path: Path) -> list[tuple[str, str]]:
@@ -57,6 +60,13 @@ def final_answer(text: str) -> str | None:
 def is_correct(reply: str, reference: str) -> bool:
     answer = final_answer(reply)
     return answer is not None and float(answer) == float(reference)
+
+
+def score(reply: str, reference: str, format_score: float) -> float:
+    """1 for the right number after `####`; `format_score` for a wrong one in that format; 0 for no answer."""
+    if is_correct(reply, reference):
+        return 1.0
+    return format_score if final_answer(reply) is not None else 0.0
 
 
 class Gsm8kServer(BaseEnv):
@@ -96,7 +106,7 @@ class Gsm8kServer(BaseEnv):
         # The reply is what the engine sampled: the positions the mask keeps (the prompt's are -100).
         replies = [self.tokenizer.decode([t for t in node.masked_tokens if t != -100]) for node in nodes]
         group = ScoredDataGroup(tokens=[node.tokens for node in nodes], masks=[node.masked_tokens for node in nodes],
-                                scores=[float(is_correct(reply, reference)) for reply in replies],
+                                scores=[score(reply, reference, self.config.format_score) for reply in replies],
                                 inference_logprobs=[node.logprobs for node in nodes])
         return group, []
 

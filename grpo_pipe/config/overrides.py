@@ -10,7 +10,8 @@ from collections.abc import Callable, Sequence
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from hydra.errors import ConfigCompositionException
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import ConfigCompositionException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 
 from grpo_pipe.config.errors import ConfigError
@@ -132,7 +133,7 @@ def problems_beside(args: Sequence[str], found: Sequence[str], build: Callable[[
     that one command's mistakes are all reported at once, not one kind per try. `build` is the runner's own check
     of a composed config (the runner sits above this package). Empty for a sweep or another mode (each job's config
     differs: Hydra composes them one by one) and when the rest does not compose."""
-    if any(a.startswith("-") or _is_sweep(a) for a in args):
+    if any(a.startswith("-") or swept_key(a) is not None for a in args):
         return []
     named = {problem.split(":", 1)[0].split("=", 1)[0] for problem in found}
     rest = [a for a in args if "=" in a and a.split("=", 1)[0].lstrip("+~") not in named]
@@ -145,8 +146,13 @@ def problems_beside(args: Sequence[str], found: Sequence[str], build: Callable[[
     return []
 
 
-def _is_sweep(arg: str) -> bool:
-    """`key=a,b` or a sweep function: several values, one per job (a list value in brackets is one value)."""
-    value = arg.partition("=")[2].strip()
-    return value.startswith(("range(", "choice(", "interval(", "glob(")) or (
-        "," in value and not value.startswith(("[", "{", "'", '"')))
+def swept_key(arg: str) -> str | None:
+    """The key of a command-line override that sweeps (`key=a,b`, `range(...)`, `choice(...)`), by Hydra's own
+    grammar: a list value in brackets or a quoted string with commas is one value. None for anything else."""
+    if arg.startswith("-") or "=" not in arg:
+        return None
+    try:
+        override = OverridesParser.create().parse_override(arg)
+    except OverrideParseException:  # Hydra refuses it itself, with its own message
+        return None
+    return override.key_or_group if override.is_sweep_override() else None

@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
 
+from grpo_pipe.config.overrides import swept_key
+
 COMMIT_TAG = "grpo_pipe.git_commit"
 VERSION_TAG = "grpo_pipe.version"
 COMMAND_TAG = "grpo_pipe.command"
@@ -63,21 +65,19 @@ def job_run_name(overrides: Sequence[str], swept: Sequence[str]) -> str:
 
 
 def swept_keys(argv: Sequence[str], sweeper_params: Mapping[str, object] | None) -> list[str]:
-    """What a multirun varies: the sweeper's `params` (a shipped sweep's) and each command-line override whose
-    value lists several (`reward.wrong=0.0,-0.2`, `range(...)`, `choice(...)`)."""
+    """What a multirun varies: the sweeper's `params` (a shipped sweep's) and each command-line override that Hydra
+    reads as a sweep (`reward.wrong=0.0,-0.2`, `range(...)`, `choice(...)`; not a list value such as `k=[a,b]`)."""
     keys = [str(k) for k in (sweeper_params or {})]
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if sep and not key.startswith("-") and ("," in value or value.startswith(("range(", "choice(", "interval("))):
-            keys.append(key.lstrip("+~"))
+    keys += [key for key in (swept_key(arg) for arg in argv) if key is not None and key not in keys]
     return keys
 
 
 def sweep_spec(argv: Sequence[str], sweeper_params: Mapping[str, object] | None) -> str:
-    """What a multirun varies, as the user wrote it: the swept command-line overrides, then the sweeper's params."""
+    """What a multirun varies, as the user wrote it: the swept command-line overrides, then the sweeper's params
+    that the command line did not replace."""
     swept = set(swept_keys(argv, None))
     given = [arg for arg in argv if arg.partition("=")[0].lstrip("+~") in swept]
-    given += [f"{k}={v}" for k, v in (sweeper_params or {}).items()]
+    given += [f"{k}={v}" for k, v in (sweeper_params or {}).items() if str(k) not in swept]
     return " ".join(given)[:MAX_TAG_CHARS]
 
 

@@ -48,7 +48,25 @@ def test_a_reply_is_correct_when_its_number_after_the_marker_equals_the_referenc
     assert example.is_correct(reply, reference) is correct
 
 
+@pytest.mark.parametrize(("reply", "expected"), [
+    ("#### 7", 1.0),          # right: full marks whatever the format score
+    ("#### 8", 0.25),         # wrong number in the asked format: the format score
+    ("The answer is 7", 0.0),  # no marker: nothing, even though the number is right
+])
+def test_a_wrong_answer_in_the_asked_format_earns_the_format_score(
+        example: ModuleType, reply: str, expected: float) -> None:
+    assert example.score(reply, "7", format_score=0.25) == expected
+    assert example.score(reply, "7", format_score=0.0) == float(expected == 1.0)
+
+
 def test_the_environment_config_carries_its_own_settings(example: ModuleType) -> None:
     env_config, servers = example.Gsm8kServer.config_init()
     assert isinstance(env_config, example.Gsm8kConfig)
     assert env_config.data_dir and env_config.eval_rows == 64 and servers[0].server_type == "vllm"
+    assert env_config.format_score == 0.0  # correctness only unless asked
+
+
+def test_a_format_score_of_one_or_more_is_refused(example: ModuleType) -> None:
+    # It would make a wrong answer worth as much as a right one.
+    with pytest.raises(ValueError, match="format_score"):
+        example.Gsm8kConfig(format_score=1.0)

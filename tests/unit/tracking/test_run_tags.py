@@ -93,3 +93,17 @@ def test_a_sweep_parent_is_named_by_what_it_varies_and_its_folder() -> None:
         f"sweep {spec} (2026-11-27_15-41-09)")
     assert sweep_run_name("", "/x/2026-11-27") == "sweep 2026-11-27"
     assert len(sweep_run_name("k=" + "a," * 100, "/x/d")) < 140
+
+
+def test_a_list_value_is_not_a_sweep_and_the_command_line_replaces_a_shipped_sweeps_list() -> None:
+    from grpo_pipe.tracking.run_tags import job_run_name, sweep_spec, swept_keys
+
+    # The Atropos sweep's command: one environment command (a list holding commas), three bridges.
+    env = "environment.environments=[[env.py,serve,--env.data_dir,/d,--env.format_score,'0.2']]"
+    argv = ["+sweeps=compare_bridges", "weight_bridge=ipc,lora,reload", env, "trainer.steps=10"]
+    shipped = {"weight_bridge": "reload,lora,nccl,checkpoint"}
+    assert swept_keys(argv, shipped) == ["weight_bridge"]
+    assert sweep_spec(argv, shipped) == "weight_bridge=ipc,lora,reload"
+    assert job_run_name(["+sweeps=compare_bridges", env, "weight_bridge=lora"], swept_keys(argv, shipped)) == (
+        "weight_bridge=lora")
+    assert swept_keys(["k=choice(1,2)", "j=range(0,3)", "x=[1,2]", "y='a,b'"], None) == ["k", "j"]
