@@ -126,7 +126,8 @@ class AtroposEnvironment:
         processes = EnvironmentProcesses(commands=self.environments, connection=self._connection(endpoint, url),
                                          log_dir=log_dir, max_restarts=self.max_restarts,
                                          env={"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}, python=self.python,
-                                         secrets={"openai.api_key": endpoint.token})
+                                         secrets={"openai.api_key": endpoint.token},
+                                         defaults=suggested_settings(max_staleness))
         self._closers.append(processes.stop)
         # The engine may serve the environments while the trainer trains only where its calls are serialised on its
         # own thread (the batcher's, held-out evaluation's, weight syncs') and a group may be a version behind.
@@ -164,6 +165,15 @@ class AtroposEnvironment:
         if self.eval_every is not None:
             flags["env.steps_per_eval"] = str(self.eval_every)
         return [f"--{flag}={value}" for flag, value in flags.items()]  # `=`: a value is never read as a flag
+
+
+def suggested_settings(max_staleness: int) -> dict[str, str]:
+    """What each environment process is told unless its command or config file says otherwise.
+
+    atroposlib samples up to `max_batches_offpolicy` batches ahead (3 by default). The run takes one batch a step, so a
+    batch queued deeper than max_staleness + 1 was sampled by a policy too old to train on and is dropped: on a GPU, 3
+    deep at max_staleness=1 dropped more groups than the run trained on."""
+    return {"env.max_batches_offpolicy": str(max_staleness + 1)}
 
 
 class AtroposSource:

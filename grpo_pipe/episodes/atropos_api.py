@@ -200,6 +200,19 @@ def own_config(command: Sequence[str]) -> dict[str, Any]:
     return {}
 
 
+def sets(command: Sequence[str], flag: str) -> bool:
+    """Whether `command` sets `flag` (`env.max_batches_offpolicy`): as `--flag value`, `--flag=value`, or in the
+    config file it names."""
+    if any(part == f"--{flag}" or part.startswith(f"--{flag}=") for part in command):
+        return True
+    section: Any = own_config(command)
+    for key in flag.split("."):
+        if not isinstance(section, dict) or key not in section:
+            return False
+        section = section[key]
+    return True
+
+
 class EnvironmentProcesses:
     """The environment processes the run starts (each `python SCRIPT serve ...` on atroposlib's BaseEnv), told where
     the endpoint, its token, the tokenizer and the API server are; one that dies is restarted up to `max_restarts`
@@ -208,8 +221,11 @@ class EnvironmentProcesses:
 
     def __init__(self, *, commands: Sequence[Sequence[str]], connection: Sequence[str], log_dir: Path,
                  max_restarts: int = 3, env: Mapping[str, str] | None = None, python: str | None = None,
-                 secrets: Mapping[str, str] | None = None) -> None:
+                 secrets: Mapping[str, str] | None = None, defaults: Mapping[str, str] | None = None) -> None:
         self.commands = [list(c) for c in commands]
+        # Settings the run suggests, e.g. {"env.max_batches_offpolicy": "2"}: a process gets each one unless its
+        # command or its own config file sets it.
+        self.defaults = dict(defaults or {})
         self.python = python or sys.executable
         self.connection = list(connection)  # flags every process gets after its own (the run's endpoint and API)
         # Settings kept off the command line, where `ps` shows them to every user: atroposlib's `--config` file
@@ -258,7 +274,8 @@ class EnvironmentProcesses:
         `evaluate_log` writes its evaluations (read back by `EnvironmentEvaluations`)."""
         own = self.commands[index]
         config = [f"--config={self._secrets_file(index, own)}"] if self.secrets else []
-        return [self.python, *without_config(own), *self.connection, *config,
+        suggested = [f"--{flag}={value}" for flag, value in self.defaults.items() if not sets(own, flag)]
+        return [self.python, *without_config(own), *suggested, *self.connection, *config,
                 f"--env.data_dir_to_save_evals={self.evaluations_dir(index)}"]
 
     def _secrets_file(self, index: int, own: Sequence[str]) -> Path:

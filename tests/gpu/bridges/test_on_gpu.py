@@ -122,3 +122,16 @@ def test_a_tensor_parallel_engine_after_nccl_matches_a_fresh_tensor_parallel_eng
                        "rollout.layout.tensor_parallel_size=2", "trainer.optimisation.lr=2e-3"])
     stats = train_sync_and_compare(cfg, tmp_path / "saved", push_every_step=True)
     assert stats.bytes_moved > 0
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason="needs two GPUs: a sharded trainer's rank on one, the engine on another")
+def test_a_sharded_trainer_broadcasts_over_nccl_from_its_rank_into_an_engine_equal_to_a_fresh_one(
+        compose_cfg, tmp_path) -> None:
+    """`trainer=fsdp` with `nccl`: rank 0 joins the bridge's group and broadcasts from its own GPU, bucket by bucket,
+    each tensor gathered from the shards on the way (two ranks from three GPUs up, one rank on two)."""
+    ranks = min(torch.cuda.device_count() - 1, 2)
+    cfg = compose_cfg([*GPU, "placement=split", "trainer=fsdp", f"trainer.world_size={ranks}", "weight_bridge=nccl",
+                       "trainer.optimisation.lr=2e-3"])
+    stats = train_sync_and_compare(cfg, tmp_path / "saved", push_every_step=True)
+    assert stats.bytes_moved > 0 and stats.gather_s > 0

@@ -93,6 +93,9 @@ def test_a_run_trains_on_an_atropos_environments_groups(compose_cfg, tmp_path: P
     assert result.ledger.balanced() and result.ledger.submitted >= 8
     api_log = (tmp_path / "run" / "environments" / "atropos-api.log").read_text()
     assert '"POST /scored_data' in api_log and '"GET /batch HTTP/1.1" 200' in api_log
+    # The environment samples no deeper ahead than the trainer can use (atroposlib prints its config at start).
+    env_log = (tmp_path / "run" / "environments" / "environment-0.log").read_text()
+    assert f"max_batches_offpolicy={max_staleness + 1}," in env_log
     leftovers = [_cmdline(c) for c in psutil.Process().children(recursive=True)]
     assert not [c for c in leftovers if "tiny_sums.py" in c or "atroposlib.cli.run_api" in c], leftovers
 

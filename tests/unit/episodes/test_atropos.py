@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from grpo_pipe.episodes.atropos import AtroposSource
+import pytest
+
+from grpo_pipe.episodes.atropos import AtroposSource, suggested_settings
 from grpo_pipe.episodes.scored_groups import Limits
 from grpo_pipe.serving.served_log import ServedLog
 from grpo_pipe.types import Completion, RequestTelemetry
@@ -90,3 +92,8 @@ def test_an_evaluation_cadence_atroposlib_would_never_fire_is_refused_before_any
     assert problems == ["eval_every=1: allowed 0 (the environments never evaluate), 2 or more (atroposlib never "
                         "evaluates at steps_per_eval=1), or null (each environment's own)"]
     assert AtroposEnvironment(environments=[[str(script), "serve"]], eval_every=2).config_problems() == []
+
+
+@pytest.mark.parametrize(("max_staleness", "depth"), [(0, "1"), (1, "2"), (3, "4")])
+def test_environments_sample_no_deeper_ahead_than_the_trainer_can_use(max_staleness: int, depth: str) -> None:
+    assert suggested_settings(max_staleness) == {"env.max_batches_offpolicy": depth}

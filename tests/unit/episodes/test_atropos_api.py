@@ -27,6 +27,18 @@ def test_each_process_is_told_where_to_write_its_evaluations(tmp_path: Path) -> 
                                         f"--env.data_dir_to_save_evals={tmp_path / 'evaluations' / '1'}"]
 
 
+def test_a_suggested_setting_is_added_unless_the_command_or_its_config_file_sets_it(tmp_path: Path) -> None:
+    own = tmp_path / "mine.yaml"
+    own.write_text("env:\n  max_batches_offpolicy: 4\n")
+    commands = [["a.py", "serve"], ["b.py", "serve", "--env.max_batches_offpolicy", "5"],
+                ["c.py", "serve", "--env.max_batches_offpolicy=6"], ["d.py", "serve", "--config", str(own)]]
+    processes = EnvironmentProcesses(commands=commands, connection=["--env.x=1"], log_dir=tmp_path,
+                                     defaults={"env.max_batches_offpolicy": "2"})
+    assert "--env.max_batches_offpolicy=2" in processes.command(0)
+    for index in (1, 2, 3):
+        assert "--env.max_batches_offpolicy=2" not in processes.command(index), commands[index]
+
+
 def test_evaluations_are_read_once_per_change_and_a_broken_one_is_skipped(tmp_path: Path, caplog) -> None:
     first, second = tmp_path / "0", tmp_path / "1"
     evaluations = EnvironmentEvaluations([first, second])
