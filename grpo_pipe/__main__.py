@@ -16,7 +16,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import ConfigError, InputError
 from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.runtime import env
 from grpo_pipe.tracking.run_tags import SWEEP_SPEC_TAG, job_run_name, run_tags, sweep_spec, swept_keys
@@ -56,7 +56,7 @@ def resumed(cfg: DictConfig, job: JobContext) -> tuple[DictConfig, JobContext]:
     try:
         found = find_resume_checkpoint(str(cfg.resume), job.output_dir.parent)
     except (FileNotFoundError, CorruptCheckpointError) as err:
-        raise ConfigError([str(err)]) from None
+        raise InputError([str(err)]) from None
     overrides = resumed_overrides(found.overrides(), job.overrides)
     composed = compose(config_name="config", overrides=[o for o in overrides if not o.startswith("hydra.")])
     return composed, replace(job, overrides=tuple(overrides), resume_from=found)

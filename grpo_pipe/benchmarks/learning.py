@@ -39,7 +39,7 @@ from grpo_pipe.benchmarks.curves import Curve, Marks, Snapshot, minutes_to_reach
 from grpo_pipe.benchmarks.hf_engine import HFEngine
 from grpo_pipe.benchmarks.trl_job import render_text, scored_completion, train_peer
 from grpo_pipe.benchmarks.trl_tools import ToolEpisodeRunner
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import InputError
 from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.interfaces import EpisodeRunner, Reward
 from grpo_pipe.runner.components import Components, build
@@ -119,7 +119,7 @@ def accuracy_of(tasks: Sequence[Task], prompts: Sequence[Sequence[int]], texts: 
 
 def fraction_correct(scored: RewardOutput) -> float:
     if scored.correct is None:
-        raise ConfigError(["reward: the learning benchmark grades by the reward's `correct` flags; this reward gives none"])
+        raise InputError(["reward: the learning benchmark grades by the reward's `correct` flags; this reward gives none"])
     return sum(scored.correct) / max(len(scored.correct), 1)
 
 

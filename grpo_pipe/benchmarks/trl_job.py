@@ -14,7 +14,7 @@ from omegaconf import DictConfig
 
 from grpo_pipe.benchmarks.curves import Curve, Snapshot
 from grpo_pipe.benchmarks.trl_tools import ToolEpisodeRunner, episode_log, tool_peer
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import InputError
 from grpo_pipe.data.prompts import chat_messages
 from grpo_pipe.episodes.tool_episodes import CallFormat
 from grpo_pipe.interfaces import EpisodeRunner, Reward
@@ -63,7 +63,7 @@ def check_same_prompts(theirs: Sequence[Sequence[int]], ours: Sequence[Sequence[
     """TRL must start its episodes from exactly our prompt tokens, or the comparison is of two tasks."""
     differ = [i for i, (a, b) in enumerate(zip(theirs, ours)) if tuple(a) != tuple(b)]
     if differ:
-        raise ConfigError([f"TRL peer: {len(differ)} of {len(ours)} prompts tokenise differently from our episodes' "
+        raise InputError([f"TRL peer: {len(differ)} of {len(ours)} prompts tokenise differently from our episodes' "
                            f"(first: task {differ[0]}); the tool chat template does not render this model's chat"])
     log.info("TRL peer: all %d prompts are token for token those our episodes start from", len(ours))
 

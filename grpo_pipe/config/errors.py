@@ -1,5 +1,7 @@
 """The one error a bad config raises: every problem, from validation and from each component's `config_problems`,
-collected by `runner.components.build` into one list."""
+collected by `runner.components.build` into one list. `InputError` is its kind for what only loading an input can
+reveal (a data file's rows, a checkpoint, a hub repository, the tracking server): the same format, raised where the
+input is read, since no rule on the config could have known it."""
 
 from __future__ import annotations
 
@@ -12,6 +14,16 @@ class ConfigError(ValueError):
     def __init__(self, problems: Sequence[str]) -> None:
         self.problems = list(problems)
         super().__init__("Invalid config:\n" + "\n".join(f"  - {p}" for p in self.problems))
+
+
+class InputError(ConfigError):
+    """What reading an input found wrong after the config passed: the same one list of problems, each naming the input
+    and what to change. Raised where the input is read (data rows, a resume checkpoint, a hub repository, a tracking
+    server), never for a rule that the config alone decides: that is a `config_problems` entry."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__(problems)
+        self.args = ("Invalid input:\n" + "\n".join(f"  - {p}" for p in self.problems),)
 
 
 def failed(*checks: tuple[bool, str]) -> list[str]:

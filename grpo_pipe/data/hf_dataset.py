@@ -62,9 +62,9 @@ class HfDatasetTasks(RowTaskSource):
         dataset = self._load()
         problems = self._split_problems(dataset)
         if problems:  # a hub dataset, seen for the first time now
-            from grpo_pipe.config.errors import ConfigError
+            from grpo_pipe.config.errors import InputError
 
-            raise ConfigError([f"data.{p}" for p in problems])
+            raise InputError([f"data.{p}" for p in problems])
         train = self._tasks(dataset, self.train_split)
         return train, None if self.eval_split is None else self._tasks(dataset, self.eval_split)
 

@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import InputError
 from grpo_pipe.models.cache import build_once
 from grpo_pipe.models.custom_code import runs_custom_code
 from grpo_pipe.models.folder import FolderModelSource
@@ -86,7 +86,7 @@ class HfModel(FolderModelSource):
         log.info("Downloading %s (revision %s) from the hub", self.path, self.revision or "main")
         folder = Path(snapshot_download(self.path, revision=self.revision))
         if runs_custom_code(folder) and not self.trust_remote_code:  # only knowable once downloaded
-            raise ConfigError([f"model.path={self.path!r}: the model's config.json names custom code (auto_map); "
+            raise InputError([f"model.path={self.path!r}: the model's config.json names custom code (auto_map); "
                                "set model.trust_remote_code=true if you trust it"])
         return folder
 

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from grpo_pipe.checkpoint.resume import config_differences, find_resume_checkpoint
 from grpo_pipe.checkpoint.store import Checkpoint, CorruptCheckpointError
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import InputError
 from grpo_pipe.interfaces import Tracker
 from grpo_pipe.runner.components import PLAIN_KEYS, VALIDATED_GROUPS, Components, build
 from grpo_pipe.runner.progress import format_metrics
@@ -140,7 +140,7 @@ def _resume_checkpoint(cfg: DictConfig, job: JobContext) -> Checkpoint | None:
     try:  # verifying reads every byte of the checkpoint: once per job
         found = job.resume_from or find_resume_checkpoint(str(cfg.resume), job.output_dir.parent)
     except (FileNotFoundError, CorruptCheckpointError) as err:
-        raise ConfigError([str(err)]) from None
+        raise InputError([str(err)]) from None
     saved = _plain(OmegaConf.create(found.config_yaml()))
     current = _plain(cfg)
     accepted = set(cfg.get("resume_accept") or [])
@@ -149,7 +149,7 @@ def _resume_checkpoint(cfg: DictConfig, job: JobContext) -> Checkpoint | None:
         if key.split(".")[0] not in PLAIN_KEYS + ("hydra",) and not any(key == a or key.startswith(a + ".") for a in accepted)
     ]
     if changed:
-        raise ConfigError([
+        raise InputError([
             f"resume={cfg.resume}: the config differs from the checkpoint's ({found.path}) in: {', '.join(changed)}; "
             f"to accept, add resume_accept=[{','.join(changed)}]"
         ])

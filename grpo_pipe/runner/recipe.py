@@ -18,7 +18,7 @@ from pathlib import Path
 
 from grpo_pipe.bridges.contract import push_weights, sync_due
 from grpo_pipe.checkpoint.store import Checkpoint
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import InputError
 from grpo_pipe.data.rows import bad_rows_problem
 from grpo_pipe.episodes.transcripts import write_episode_page
 from grpo_pipe.evaluation.held_out import fit_held_out
@@ -339,7 +339,7 @@ def check_data_and_reward(parts: Components, train: Sequence[Task], held_out: Se
     if isinstance(parts.reward, TriesOnTasks):
         problems += [f"reward.{problem}" for problem in parts.reward.try_on(train[:4])]
     if problems:
-        raise ConfigError(problems)
+        raise InputError(problems)
     if len(held_out) < parts.run.eval_size:
         log.warning("The held-out split has %d tasks, fewer than run.eval_size=%d: evaluations use %d",
                     len(held_out), parts.run.eval_size, len(held_out))

@@ -8,7 +8,7 @@ What a person sees first in the MLflow UI is arranged here: the experiment is ma
 which sorts before every lower-case section of the chart view.
 
 A tracking server may go away during a run: creating the run needs it (a server that does not answer then is a
-`ConfigError` before any model loads: nothing is lost yet), but after that every log call only queues a record
+`InputError` before any model loads: nothing is lost yet), but after that every log call only queues a record
 that an `Outbox` delivers in the background, retrying with back-off; see `tracking/outbox.py`. What is still
 undelivered when the run ends is written to `mlflow_pending.jsonl` in the job's folder, with the command that
 uploads it. The run's progress is kept in tags as it goes (`grpo_pipe.last_step`, `grpo_pipe.last_checkpoint`),
@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.config.errors import InputError
 from grpo_pipe.runtime.env import bound_mlflow_http_waits, mlflow_tracking_uri
 from grpo_pipe.tracking import mlflow_records as records
 from grpo_pipe.tracking.outbox import PENDING_FILE, UPLOAD_COMMAND, Outbox, store_refused, write_pending
@@ -128,7 +128,7 @@ class MlflowTracker:
         output_dir: Path | None = None,
     ) -> None:
         """A new run, or with `resume_run_id` the same run continued (a resumed job). Talks to the store directly:
-        a server that does not answer here is a `ConfigError` (nothing has run yet, so nothing is lost)."""
+        a server that does not answer here is an `InputError` (nothing has run yet, so nothing is lost)."""
         from mlflow.tracking import MlflowClient
 
         bound_mlflow_http_waits()
@@ -139,7 +139,7 @@ class MlflowTracker:
         except Exception as err:
             if store_refused(err) or is_local_store(self.tracking_uri):
                 raise
-            raise ConfigError([
+            raise InputError([
                 f"logger.tracking_uri={self.tracking_uri}: the tracking server does not answer ({err}). Nothing has "
                 "run yet: start the server (or choose another with logger.tracking_uri=..., or logger=none) and run "
                 "the same command again"

@@ -96,3 +96,26 @@ def test_each_rule_is_named_in_the_one_error_list_before_anything_loads(compose_
         build(compose_cfg(overrides))
     problems = refused.value.problems
     assert any(named in problem for problem in problems), problems
+
+
+# Where `raise ConfigError` may stand: the two collectors of the job's rules, and the benchmarks' entry points, each
+# the one collector of its own flags' rules. What loading reveals is an `InputError`, raised where the input is read.
+COLLECTORS = {"config/validate.py", "runner/components.py", "benchmarks/trl_tools.py", "benchmarks/trl_peer.py"}
+
+
+def test_config_errors_are_raised_only_where_rules_are_collected() -> None:
+    import re
+    from pathlib import Path
+
+    package = Path(__file__).parents[3] / "grpo_pipe"
+    raising = {str(path.relative_to(package)) for path in package.rglob("*.py")
+               if re.search(r"raise ConfigError\b", path.read_text())}
+    assert raising <= COLLECTORS, f"raise ConfigError outside the collectors: {sorted(raising - COLLECTORS)}"
+
+
+def test_an_input_error_is_a_config_error_in_the_same_format_saying_it_is_the_input() -> None:
+    from grpo_pipe.config.errors import InputError
+
+    err = InputError(["data: the train split is empty", "reward.fn: failed on row 1"])
+    assert isinstance(err, ConfigError) and err.problems == ["data: the train split is empty", "reward.fn: failed on row 1"]
+    assert str(err) == "Invalid input:\n  - data: the train split is empty\n  - reward.fn: failed on row 1"
