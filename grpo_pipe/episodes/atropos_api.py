@@ -238,7 +238,10 @@ class EnvironmentProcesses:
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * len(self.commands)
 
     def start(self) -> None:
+        # atroposlib prints its server settings at start, the endpoint's token among them, into the process's log:
+        # the folder of the logs and config files is the run's user's alone.
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.chmod(0o700)
         for index in range(len(self.commands)):
             self._start(index)
 
@@ -299,7 +302,8 @@ class EnvironmentProcesses:
 
     def _start(self, index: int) -> None:
         command = self.command(index)
-        with self._log(index).open("ab") as out:
+        descriptor = os.open(self._log(index), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(descriptor, "ab") as out:
             self.processes[index] = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                                      env={**os.environ, **self.env})
 

@@ -66,6 +66,21 @@ def test_the_token_reaches_a_process_in_a_file_for_its_owner_not_on_its_command_
     assert config.stat().st_mode & 0o777 == 0o600
 
 
+def test_the_processes_logs_which_print_the_token_are_for_the_runs_user_alone(tmp_path: Path) -> None:
+    # atroposlib prints its server settings, api_key included, when an environment starts.
+    script = tmp_path / "env.py"
+    script.write_text("print('api_key=s3cret')\n")
+    folder = tmp_path / "environments"
+    processes = EnvironmentProcesses(commands=[[str(script), "serve"]], connection=[], log_dir=folder,
+                                     secrets={"openai.api_key": "s3cret"})
+    processes.start()
+    running = processes.processes[0]
+    assert running is not None and running.wait(timeout=120) == 0  # it prints and exits
+    log = folder / "environment-0.log"
+    assert "s3cret" in log.read_text()
+    assert folder.stat().st_mode & 0o777 == 0o700 and log.stat().st_mode & 0o777 == 0o600
+
+
 def test_a_process_config_file_of_its_own_keeps_its_settings_beside_the_token(tmp_path: Path) -> None:
     own = tmp_path / "mine.yaml"
     own.write_text("env:\n  max_token_length: 512\nopenai:\n  timeout: 30\n")
