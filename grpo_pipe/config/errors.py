@@ -11,9 +11,11 @@ from collections.abc import Sequence
 class ConfigError(ValueError):
     """One or more invalid config values; the message lists every problem found."""
 
+    heading = "Invalid config"
+
     def __init__(self, problems: Sequence[str]) -> None:
         self.problems = list(problems)
-        super().__init__("Invalid config:\n" + "\n".join(f"  - {p}" for p in self.problems))
+        super().__init__(f"{self.heading}:\n" + "\n".join(f"  - {p}" for p in self.problems))
 
 
 class InputError(ConfigError):
@@ -21,9 +23,7 @@ class InputError(ConfigError):
     and what to change. Raised where the input is read (data rows, a resume checkpoint, a hub repository, a tracking
     server), never for a rule that the config alone decides: that is a `config_problems` entry."""
 
-    def __init__(self, problems: Sequence[str]) -> None:
-        super().__init__(problems)
-        self.args = ("Invalid input:\n" + "\n".join(f"  - {p}" for p in self.problems),)
+    heading = "Invalid input"
 
 
 def failed(*checks: tuple[bool, str]) -> list[str]:
