@@ -255,21 +255,29 @@ TOKEN_MEANS = ("train/clip_fraction", "train/kl", "train/entropy", "train/is_", 
 
 def combine(results: list[dict[str, float]]) -> dict[str, float]:
     """The ranks' step metrics -> the whole batch's: sums and token-weighted means over ranks; the
-    update's own figures (global grad norm, lr, counters) are the same on every rank."""
+    update's own figures (global grad norm, lr, counters) are the same on every rank. A figure some ranks
+    do not report (the engine mismatch of a rank that trained only padding: it saw no sampled token) is
+    combined over the ranks that do."""
     tokens = sum(r["train/tokens"] for r in results)
+    reported = sorted({key for r in results for key in r})
     # Token-weighted over ranks (the by-sign clip shares are weighted by all tokens: close enough for a chart).
-    weighted = {key: sum(r[key] * r["train/tokens"] for r in results) / tokens if tokens else 0.0
-                for key in results[0] if key.startswith(TOKEN_MEANS)}
+    weighted = {key: token_mean([r for r in results if key in r], key) for key in reported if key.startswith(TOKEN_MEANS)}
     first = results[0]
     return {
         "train/loss": sum(r["train/loss"] for r in results),
         "train/tokens": tokens,
         **weighted,
         # A rank that ran a padding micro-batch reports at least 1.0 (the loss's value for no tokens).
-        **{key: max(r[key] for r in results) for key in ("train/ratio_max", "mismatch/logprob_abs_max",
-                                                          "mismatch/ratio_max") if key in first},
+        **{key: max(r[key] for r in results if key in r) for key in ("train/ratio_max", "mismatch/logprob_abs_max",
+                                                                      "mismatch/ratio_max") if key in reported},
         **{key: first[key] for key in ("train/grad_norm", "train/update_applied", "train/skipped_updates_total", "train/lr")},
     }
+
+
+def token_mean(results: list[dict[str, float]], key: str) -> float:
+    """`key` averaged over these ranks, each weighted by the tokens it trained (0.0 where they trained none)."""
+    tokens = sum(r["train/tokens"] for r in results)
+    return sum(r[key] * r["train/tokens"] for r in results) / tokens if tokens else 0.0
 
 
 def _expose_settings() -> None:
