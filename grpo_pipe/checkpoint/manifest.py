@@ -106,6 +106,20 @@ class ManifestedFolder:
         self.listed[name] = {"size": out.size, "sha256": out.digest.hexdigest()}
         self._open = None
 
+    def adopt(self, subfolder: str) -> None:
+        """List the files other processes wrote under `subfolder` (a sharded trainer's ranks, each writing its own
+        shards): each is read once to hash it, and fsync'ed, as `write` does for its own."""
+        for path in sorted(p for p in (self.folder / subfolder).rglob("*") if p.is_file()):
+            digest, size = hashlib.sha256(), 0
+            with path.open("rb") as f:
+                while chunk := f.read(_CHUNK):
+                    digest.update(chunk)
+                    size += len(chunk)
+                os.fsync(f.fileno())
+            self.listed[path.relative_to(self.folder).as_posix()] = {"size": size, "sha256": digest.hexdigest()}
+        for folder in sorted({p.parent for p in (self.folder / subfolder).rglob("*")} | {self.folder / subfolder}):
+            fsync(folder)  # the shards' names
+
     def write_manifest(self) -> None:
         manifest = json.dumps({"format": 1, "files": self.listed}, indent=1).encode()
         self.write(MANIFEST, lambda f: f.write(manifest))

@@ -1,17 +1,20 @@
 """Checkpoints of the whole training state, written so that a kill at any moment loses nothing.
 
 A checkpoint is a folder `step-000012/` holding `trainer.pt` (trainable weights, optimizer, LR
-schedule, counters, RNG), `loop.json` (step, curriculum, policy versions, the MLflow run id, eval
-history) and `config.yaml` (the resolved config it ran with). It is written under a temporary name,
-every file fsync'ed, then renamed into place and the parent folder fsync'ed: a reader sees the old
-set of checkpoints or the new one, never half of one. The newest `keep_last` are kept, plus the
-best by `best_metric`, exported as a Hugging Face folder `best/` that vLLM or transformers load.
+schedule, counters, RNG) or, from a sharded trainer, `trainer/` (each rank's shards, written by the ranks
+themselves: a 7B state with AdamW is 91 GB, too much to gather into one process), `loop.json` (step,
+curriculum, policy versions, the MLflow run id, eval history) and `config.yaml` (the resolved config it ran
+with). It is written under a temporary name, every file fsync'ed, then renamed into place and the parent
+folder fsync'ed: a reader sees the old set of checkpoints or the new one, never half of one. The newest
+`keep_last` are kept, plus the best by `best_metric`, exported as a Hugging Face folder `best/` that vLLM or
+transformers load.
 
 Last into the folder goes `manifest.json`: each file's size and sha256, hashed as it is written (no second
-read). Resuming checks a checkpoint against it, reading every byte once: `resume=latest` passes over one that
-fails (a file truncated, altered or missing after the rename) to the one before; a checkpoint named by
-`resume=<dir>` that fails is an error. A write that fails (disk full, file-size limit, I/O error) removes its
-temporary folder and is reported with the space a checkpoint needs and the space free.
+read; the ranks' shards are read back once to hash them). Resuming checks a checkpoint against it, reading
+every byte once: `resume=latest` passes over one that fails (a file truncated, altered or missing after the
+rename) to the one before; a checkpoint named by `resume=<dir>` that fails is an error. A write that fails
+(disk full, file-size limit, I/O error) removes its temporary folder and is reported with the space a
+checkpoint needs and the space free.
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ from omegaconf import OmegaConf
 
 from grpo_pipe.checkpoint.manifest import ManifestedFolder, describe, fsync, manifest_problems
 from grpo_pipe.config.errors import failed
+from grpo_pipe.interfaces.training import ShardedState, Trainer
 from grpo_pipe.runtime.halt import halt_point
 
 STEP_PREFIX = "step-"
 FILES = ("trainer.pt", "loop.json", "config.yaml")  # what every checkpoint holds, besides its manifest
+SHARDS = "trainer"  # a sharded trainer's state: a folder its ranks write, in place of trainer.pt
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +65,25 @@ class Checkpoint:
     def loop_state(self) -> dict[str, Any]:
         return json.loads((self.path / "loop.json").read_text())
 
+    @property
+    def sharded(self) -> bool:
+        """Written by a sharded trainer's ranks (`trainer/`) rather than as one `trainer.pt`."""
+        return (self.path / SHARDS).is_dir()
+
     def trainer_state(self) -> dict[str, Any]:
         # Tensors and plain Python types only (see trainer.rng): no pickled objects, so no code runs on load.
         return torch.load(self.path / "trainer.pt", map_location="cpu", weights_only=True)
+
+    def restore_trainer(self, trainer: Trainer) -> None:
+        """Put the training state back into `trainer`: shards through its own ranks (at any world size), a
+        `trainer.pt` through `load_state_dict` (a sharded trainer spreads it over its ranks)."""
+        if not self.sharded:
+            trainer.load_state_dict(self.trainer_state())
+        elif isinstance(trainer, ShardedState):
+            trainer.load_sharded(self.path / SHARDS)
+        else:
+            raise ValueError(f"{self.path} was written by the sharded trainer's ranks ({SHARDS}/); resume it with "
+                             "trainer=fsdp, at any trainer.world_size")
 
     def config_yaml(self) -> str:
         return (self.path / "config.yaml").read_text()
@@ -70,7 +91,12 @@ class Checkpoint:
     def problems(self) -> list[str]:
         """What does not match the manifest, each naming its file; empty when the checkpoint is whole.
         Reads every byte once: done when resuming, never when saving."""
-        return manifest_problems(self.path, FILES)
+        if not self.sharded:
+            return manifest_problems(self.path, FILES)
+        found = manifest_problems(self.path, [f for f in FILES if f != "trainer.pt"])
+        if not found and not any(p.is_file() for p in (self.path / SHARDS).rglob("*")):
+            found.append(f"{self.path / SHARDS} holds no file")
+        return found
 
     def overrides(self) -> list[str]:
         """The command-line overrides of the job that wrote it (older checkpoints: its run's Hydra record)."""
@@ -127,9 +153,10 @@ class CheckpointManager:
         return step == last_step or (self.every > 0 and step % self.every == 0)
 
     def save(
-        self, step: int, trainer_state: Mapping[str, Any], loop_state: Mapping[str, Any], config_yaml: str
+        self, step: int, trainer_state: Mapping[str, Any] | ShardedState, loop_state: Mapping[str, Any], config_yaml: str
     ) -> Checkpoint | None:
-        """Write one checkpoint atomically and prune old ones. A write that fails leaves the earlier checkpoints
+        """Write one checkpoint atomically and prune old ones. `trainer_state`: the trainer's state, or a trainer
+        whose ranks write their own shards into the checkpoint. A write that fails leaves the earlier checkpoints
         as they were and no folder of its own; it raises CheckpointWriteError (on_save_error=stop) or logs it and
         returns None (warn)."""
         root = self._root()
@@ -137,7 +164,12 @@ class CheckpointManager:
         files: ManifestedFolder | None = None
         try:
             files = ManifestedFolder(Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root)))
-            files.write("trainer.pt", lambda f: torch.save(dict(trainer_state), cast(IO[bytes], f)))  # writes, flushes
+            if isinstance(trainer_state, ShardedState):
+                trainer_state.save_sharded(files.folder / SHARDS)
+                files.adopt(SHARDS)
+            else:
+                state = dict(trainer_state)
+                files.write("trainer.pt", lambda f: torch.save(state, cast(IO[bytes], f)))  # writes, flushes
             halt_point("checkpoint", step)  # (a test's kill point: a torn checkpoint; no-op otherwise)
             files.write("loop.json", lambda f: f.write(json.dumps(loop_state, indent=1, default=_jsonable).encode()))
             files.write("config.yaml", lambda f: f.write(config_yaml.encode()))
@@ -210,7 +242,7 @@ class CheckpointManager:
         where = f"{files.current} for {final}" if files is not None and files.current else str(final)
         previous = self.latest()
         if previous is not None:
-            size = sum(p.stat().st_size for p in previous.path.iterdir() if p.is_file())
+            size = sum(p.stat().st_size for p in previous.path.rglob("*") if p.is_file())
             need = f"a checkpoint takes about {size:,} bytes (the previous one)"
             run_dir = root.parent if root.name == "checkpoints" else root  # what resume= takes (either works)
             keep = (f"the previous checkpoint {previous.path} is intact; free space, then continue with: "

@@ -36,7 +36,7 @@ from grpo_pipe.interfaces.sources import (
     RolloutSourceFactory,
     TaskSource,
 )
-from grpo_pipe.interfaces.training import Placement, PolicyLoss, Trainer
+from grpo_pipe.interfaces.training import Placement, PolicyLoss, ShardedState, Trainer
 from grpo_pipe.interfaces.weights import AdapterPolicy, ModulePolicy, Policy, SendingPolicy, WeightBridge
 
 __all__ = [
@@ -68,6 +68,7 @@ __all__ = [
     "RolloutSourceFactory",
     "TaskSource",
     "Tracker",
+    "ShardedState",
     "Trainer",
     "TriesOnTasks",
     "WeightBridge",

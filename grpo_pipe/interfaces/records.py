@@ -6,6 +6,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from grpo_pipe.interfaces.training import ShardedState
+
 
 @runtime_checkable
 class CheckpointStore(Protocol):
@@ -28,9 +30,11 @@ class CheckpointStore(Protocol):
 
     def due(self, step: int, last_step: int) -> bool: ...
 
-    def save(self, step: int, trainer_state: Mapping[str, Any], loop_state: Mapping[str, Any], config_yaml: str) -> Any:
+    def save(self, step: int, trainer_state: Mapping[str, Any] | ShardedState, loop_state: Mapping[str, Any],
+             config_yaml: str) -> Any:
         """Write one checkpoint atomically; returns it (with its `path`), or None when a failed write was
-        only warned about (a failure that stops the run raises)."""
+        only warned about (a failure that stops the run raises). `trainer_state`: the trainer's state, or a
+        trainer whose ranks write their own shards."""
         ...
 
     def consider_best(self, metrics: Mapping[str, float], export: Callable[[Path], None]) -> bool:

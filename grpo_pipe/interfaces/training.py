@@ -90,6 +90,20 @@ class Trainer(Protocol):
 
 
 @runtime_checkable
+class ShardedState(Protocol):
+    """A trainer whose processes write their own shards of the training state (a sharded trainer's ranks): a
+    checkpoint then never gathers the whole state into one process, and reads back at any world size."""
+
+    def save_sharded(self, folder: Path) -> None:
+        """Write the whole training state into `folder` (on several machines: a filesystem every rank sees)."""
+        ...
+
+    def load_sharded(self, folder: Path) -> None:
+        """Read what `save_sharded` wrote, at this or any other world size."""
+        ...
+
+
+@runtime_checkable
 class Placement(Protocol):
     """Where the engine and the trainer live and how they hand the device to each other."""
 

@@ -23,7 +23,14 @@ from grpo_pipe.data.rows import bad_rows_problem
 from grpo_pipe.episodes.transcripts import write_episode_page
 from grpo_pipe.evaluation.held_out import fit_held_out
 from grpo_pipe.evaluation.schedule import HeldOutEvaluation
-from grpo_pipe.interfaces import HasSourceFiles, ProvidesRollouts, ReportsEvaluations, RolloutSource, TriesOnTasks
+from grpo_pipe.interfaces import (
+    HasSourceFiles,
+    ProvidesRollouts,
+    ReportsEvaluations,
+    RolloutSource,
+    ShardedState,
+    TriesOnTasks,
+)
 from grpo_pipe.models.custom_code import loader_options
 from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
 from grpo_pipe.runner.components import Components
@@ -201,7 +208,9 @@ class GRPORecipe:
             "overrides": self.overrides,
             **self.held_out.state_dict(),
         }
-        saved = p.checkpoint.save(step, p.trainer.state_dict(), loop_state, self.config_yaml)
+        # A sharded trainer's ranks write their own shards: its whole state is never gathered into this process.
+        trainer_state = p.trainer if isinstance(p.trainer, ShardedState) else p.trainer.state_dict()
+        saved = p.checkpoint.save(step, trainer_state, loop_state, self.config_yaml)
         if saved is not None:  # None: the write failed and checkpoint.on_save_error=warn let the run go on
             log.info("Checkpoint written: %s", saved.path)
             p.logger.set_tags({"grpo_pipe.last_checkpoint": str(saved.path), "grpo_pipe.last_checkpoint_step": str(step)})
@@ -209,7 +218,7 @@ class GRPORecipe:
     def restore(self, checkpoint: Checkpoint) -> int:
         """Put trainer, curriculum, scheduler and engine back where the checkpoint left them; returns the next step."""
         p, loop = self.parts, checkpoint.loop_state()
-        p.trainer.load_state_dict(checkpoint.trainer_state())
+        checkpoint.restore_trainer(p.trainer)
         p.curriculum.load_state_dict(loop["curriculum"])
         self.recorder.step_rewards = list(loop["step_rewards"])
         self.held_out.load_state_dict(loop)

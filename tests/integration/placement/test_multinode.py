@@ -212,6 +212,7 @@ def test_a_node_that_dies_under_a_trainer_rank_stops_the_run_at_once_with_its_la
     saved = sorted((tmp_path / "checkpoints").glob("step-*"))
     assert saved and 2 <= Checkpoint(saved[-1]).step < 8  # the run stopped part-way, with a checkpoint at least at step 2
     assert all(not Checkpoint(path).problems() for path in saved)  # every checkpoint left whole: resume=latest takes it
+    assert all(Checkpoint(path).sharded for path in saved)  # written by the ranks, never gathered into the run's process
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     [tracked] = client.search_runs([client.get_experiment_by_name("grpo_pipe").experiment_id])
     assert tracked.info.status == "FAILED"

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grpo_pipe.checkpoint.store import CheckpointManager
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.trainer.grpo import GRPOTrainer, PassCache
 from grpo_pipe.trainer.loss import GRPOLoss
@@ -117,14 +118,18 @@ def test_two_ranks_match_one_device_and_resume_at_world_size_one(ray_local: None
         assert sharded.version == single.version == 1
         _assert_same_weights(dict(sharded.policy.named_weights()), dict(single.policy.named_weights()))
         # Sharded checkpoint at world size 2, resumed at world size 1: the next step matches again.
-        sharded.save_sharded(tmp_path / "ckpt")
+        # Through the run's checkpoint store: the ranks write their shards into it, the manifest covers them.
+        store = CheckpointManager(every=1)
+        store.attach(tmp_path)
+        saved = store.save(1, sharded, {"step": 1}, "a: 1\n")
+        assert saved is not None and saved.sharded and saved.problems() == []
         export = tmp_path / "export"
         sharded.policy.save_pretrained(export)
     finally:
         sharded.close()
     resumed = _sharded(model_path, 1, loss=DR_GRPO_KL, **KL_SETTINGS)
     try:
-        resumed.load_sharded(tmp_path / "ckpt")
+        saved.restore_trainer(resumed)
         assert resumed.version == 1
         groups2, rewards2 = _groups(seed=1)
         one, again = single.step(groups2, rewards2, 1.0), resumed.step(groups2, rewards2, 1.0)
