@@ -164,11 +164,11 @@ class CheckpointManager:
         files: ManifestedFolder | None = None
         try:
             files = ManifestedFolder(Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root)))
-            if isinstance(trainer_state, ShardedState):
+            if isinstance(trainer_state, ShardedState) and trainer_state.shares_folder(files.folder):
                 trainer_state.save_sharded(files.folder / SHARDS)
                 files.adopt(SHARDS)
-            else:
-                state = dict(trainer_state)
+            else:  # a rank on a host that does not see this folder: the state is gathered here instead
+                state = trainer_state.state_dict() if isinstance(trainer_state, ShardedState) else dict(trainer_state)
                 files.write("trainer.pt", lambda f: torch.save(state, cast(IO[bytes], f)))  # writes, flushes
             halt_point("checkpoint", step)  # (a test's kill point: a torn checkpoint; no-op otherwise)
             files.write("loop.json", lambda f: f.write(json.dumps(loop_state, indent=1, default=_jsonable).encode()))

@@ -94,6 +94,14 @@ class ShardedState(Protocol):
     """A trainer whose processes write their own shards of the training state (a sharded trainer's ranks): a
     checkpoint then never gathers the whole state into one process, and reads back at any world size."""
 
+    def shares_folder(self, folder: Path) -> bool:
+        """Whether every process that would write a shard sees `folder` (on a cluster: a shared filesystem)."""
+        ...
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole state gathered into this process: for a folder the ranks do not all see."""
+        ...
+
     def save_sharded(self, folder: Path) -> None:
         """Write the whole training state into `folder` (on several machines: a filesystem every rank sees)."""
         ...

@@ -165,6 +165,10 @@ class ShardWorker:
             "skipped_updates": trainer.skipped_updates,
         }
 
+    def sees(self, path: str) -> bool:
+        """Whether this rank's host sees `path` (a file the runner just wrote): a shared filesystem."""
+        return os.path.exists(path)
+
     def set_counters(self, counters: dict[str, Any]) -> None:
         trainer = self.trainer
         trainer.scheduler.load_state_dict(counters["scheduler"])

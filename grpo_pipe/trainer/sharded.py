@@ -18,6 +18,7 @@ import inspect
 import logging
 import time
 import typing
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -160,6 +161,15 @@ class ShardedTrainer:
         ref = ray.put(gathered)  # one copy in the object store, read by every rank
         self._all_ranks([w.load_full.remote(ref) for w in self.workers])
         self.version = int(gathered["counters"]["version"])
+
+    def shares_folder(self, folder: Path) -> bool:
+        """Whether every rank sees `folder` (always on one host; on a cluster, only on a shared filesystem)."""
+        probe = folder / f".ranks-see-this-{uuid.uuid4().hex}"
+        probe.touch()
+        try:
+            return all(self._all_ranks([w.sees.remote(str(probe)) for w in self.workers]))
+        finally:
+            probe.unlink()
 
     def save_sharded(self, folder: Path) -> None:
         """Each rank writes its own shards (torch.distributed.checkpoint) into `folder`, plus the counters.

@@ -232,8 +232,13 @@ def test_a_disk_that_fills_up_mid_write_leaves_the_previous_checkpoint_whole(tmp
 class _RanksWriteTheirShards:
     """A sharded trainer's checkpoint side: each "rank" writes its own file into the folder it is given."""
 
-    def __init__(self) -> None:
+    def __init__(self, shared: bool = True) -> None:
         self.loaded_from: Path | None = None
+        self.shared = shared
+
+    def shares_folder(self, folder: Path) -> bool:
+        assert folder.is_dir()  # the checkpoint's temporary folder, made before the ranks are asked
+        return self.shared
 
     def save_sharded(self, folder: Path) -> None:
         (folder / "shards").mkdir(parents=True)
@@ -245,7 +250,8 @@ class _RanksWriteTheirShards:
         self.loaded_from = folder
 
     def state_dict(self) -> dict:
-        raise AssertionError("a sharded trainer's state is written by its ranks, never gathered here")
+        assert not self.shared, "a sharded trainer's state is gathered only where its ranks cannot see the folder"
+        return {"version": torch.tensor(7)}
 
 
 def test_a_sharded_trainers_ranks_write_its_state_into_the_checkpoint_which_lists_and_verifies_every_shard(tmp_path) -> None:
@@ -277,3 +283,12 @@ def test_a_sharded_checkpoint_resumed_by_a_trainer_that_cannot_read_shards_says_
 
     with pytest.raises(ValueError, match="trainer=fsdp, at any trainer.world_size"):
         saved.restore_trainer(OneProcessTrainer())
+
+
+def test_ranks_that_do_not_all_see_the_checkpoint_folder_gather_the_state_into_one_file_instead(tmp_path) -> None:
+    """On a cluster without a shared filesystem a rank's shards would land on its own host: the state is gathered."""
+    manager = CheckpointManager(every=1, keep_last=2)
+    manager.attach(tmp_path)
+    saved = manager.save(1, _RanksWriteTheirShards(shared=False), {"step": 1}, "a: 1\n")
+    assert saved is not None and not saved.sharded and saved.problems() == []
+    assert int(saved.trainer_state()["version"]) == 7
