@@ -265,10 +265,13 @@ class GRPOTrainer:
         if not math.isfinite(grad_norm):
             self.bad_steps_in_a_row += 1
             self.skipped_updates += 1
-            log.warning("Non-finite gradient (norm=%s); update skipped (%d in a row)", grad_norm, self.bad_steps_in_a_row)
+            where = non_finite_gradients(self.policy.module)
+            log.warning("Non-finite gradient (norm=%s)%s; update skipped (%d in a row)", grad_norm, where,
+                        self.bad_steps_in_a_row)
             if self.bad_steps_in_a_row >= self.optimisation.max_bad_steps:
                 raise FloatingPointError(
-                    f"{self.bad_steps_in_a_row} non-finite updates in a row (trainer.optimisation.max_bad_steps)")
+                    f"{self.bad_steps_in_a_row} non-finite updates in a row (trainer.optimisation.max_bad_steps); "
+                    f"the last{where}")
             self.optimizer.zero_grad(set_to_none=True)
             self.optimizer.step()  # no gradients: changes nothing, keeps the scheduler's step order
             self.scheduler.step()
@@ -278,6 +281,18 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return True, grad_norm
+
+
+def non_finite_gradients(module: torch.nn.Module | None, shown: int = 4) -> str:
+    """Where a non-finite gradient is: " in N of M gradients, first: name, ..." (empty without a module to name).
+    Found only once the norm is non-finite, so a healthy step pays nothing for it."""
+    if module is None:
+        return ""
+    grads = [(name, p.grad) for name, p in module.named_parameters() if p.grad is not None]
+    bad = [name for name, grad in grads if not bool(torch.isfinite(grad).all())]
+    if not bad:
+        return ""
+    return f" in {len(bad)} of {len(grads)} gradients, first: {', '.join(bad[:shown])}"
 
 
 @dataclass(frozen=True)

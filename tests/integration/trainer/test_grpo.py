@@ -104,7 +104,7 @@ def test_step_applies_one_update_and_bumps_the_version() -> None:
     assert any(not torch.equal(v, before[k]) for k, v in trainer.policy.module.state_dict().items())
 
 
-def test_non_finite_gradient_skips_the_update_and_stops_after_the_limit() -> None:
+def test_non_finite_gradient_skips_the_update_names_where_it_is_and_stops_after_the_limit(caplog) -> None:
     path = TinyRandomModel().materialize()
     trainer = GRPOTrainer(policy=FullFinetunePolicy(), steps=3, optimisation=OptimisationSettings(lr=1e-3, max_bad_steps=2))
     trainer.setup(path, torch.device("cpu"), pad_id=0)
@@ -116,7 +116,9 @@ def test_non_finite_gradient_skips_the_update_and_stops_after_the_limit() -> Non
     assert metrics["train/skipped_updates_total"] == 1.0
     for key, value in trainer.policy.module.state_dict().items():
         assert torch.equal(value, before[key]), key
-    with pytest.raises(FloatingPointError, match="max_bad_steps"):
+    [warning] = [r.getMessage() for r in caplog.records if "Non-finite gradient" in r.getMessage()]
+    assert " gradients, first: model." in warning  # which tensors, by name: where to look
+    with pytest.raises(FloatingPointError, match=r"max_bad_steps\); the last in \d+ of \d+ gradients, first: model\."):
         trainer.step(groups, nan_rewards, temperature=1.0)
 
 
