@@ -85,7 +85,10 @@ class GRPORecipe:
             p.logger.log_artifact(source, "reward")  # the user's own scoring code, as it was for this run
         self.engine.connect(self.model_path, {**p.weight_bridge.engine_options(), **loader_options(self.model_path)})
         p.reward.setup(self.model_path, self.engine.weight_dtype)
-        p.trainer.setup(self.model_path, p.placement.trainer_device(), pad_id=tokenizer.pad_token_id or 0)
+        device = p.placement.trainer_device()
+        p.trainer.setup(self.model_path, device, pad_id=tokenizer.pad_token_id or 0)
+        # A sharded trainer's ranks are processes of their own, and report their memory with their metrics.
+        self.recorder.trainer_device = None if isinstance(p.trainer, ShardedState) else device
         p.weight_bridge.connect(self.engine, p.trainer.policy)
         p.environment.setup(tokenizer, p.data.system_prompt, self.engine.max_model_len)
         render = p.environment.render_prompt  # the task in the chat template, with the tools where there are any

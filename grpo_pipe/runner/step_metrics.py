@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-
 from grpo_pipe.interfaces import RolloutSource
 from grpo_pipe.rollout.scheduler import covered_seconds, overlap_seconds
 from grpo_pipe.types import Completion, RewardOutput, RolloutGroup, TakenBatch
@@ -40,16 +38,6 @@ def overlap_summary(
         "summary/trainer_idle_fraction": wait_s / max(loop_s, 1e-9),
         "summary/groups_dropped": float(sum(scheduler.ledger.dropped.values())),
     }
-
-
-def memory_metrics() -> dict[str, float]:
-    """GPU memory in use on this process's device (all processes) and this process's own peak."""
-    if not torch.cuda.is_available():
-        return {}
-    free, total = torch.cuda.mem_get_info()
-    peak = torch.cuda.max_memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    return {"memory/device_used_gib": (total - free) / 2**30, "memory/trainer_peak_gib": peak / 2**30}
 
 
 def rollout_metrics(groups: Sequence[RolloutGroup], gen_s: float) -> dict[str, float]:

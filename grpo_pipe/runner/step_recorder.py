@@ -10,9 +10,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import torch
+
 from grpo_pipe.episodes.metrics import episode_metrics
 from grpo_pipe.interfaces import RolloutSource
 from grpo_pipe.runner import step_metrics
+from grpo_pipe.trainer.memory import memory_metrics
 from grpo_pipe.types import RewardOutput, RolloutGroup, SyncStats, TakenBatch
 
 log = logging.getLogger(__name__)
@@ -69,6 +72,7 @@ class StepRecorder:
         self.phase_seconds: list[dict[str, float]] = []  # each step of this process's loop, by PHASES' names
         self._metrics: dict[str, float] = {}
         self._started = 0.0
+        self.trainer_device: torch.device | None = None  # where the memory figures are read; None: none read here
 
     def begin(self) -> None:
         self._metrics = {}
@@ -109,7 +113,7 @@ class StepRecorder:
         with self.phase("train"):
             yield
         self.train_spans.append((started, time.time()))
-        self.add(step_metrics.memory_metrics())
+        self.add(memory_metrics(self.trainer_device))
 
     def synced(self, stats: SyncStats | None) -> None:
         if stats is not None:

@@ -39,6 +39,7 @@ import torch.distributed as dist
 
 from grpo_pipe.trainer.batch import TrainSample
 from grpo_pipe.trainer.grpo import BatchPlan, GRPOTrainer, PassCache
+from grpo_pipe.trainer.memory import memory_metrics
 from grpo_pipe.trainer.policy import hf_weights
 from grpo_pipe.transport.collective import TRAINER_RANK, Bucket, Group, join_as_sender, pack
 
@@ -121,7 +122,7 @@ class ShardWorker:
     def train(self, plan: BatchPlan, temperature: float) -> dict[str, float]:
         """The single-device step on this rank's share of the batch; this rank's metrics (the driver combines them)."""
         metrics = self.trainer.train_plan(plan, temperature)
-        return {**metrics, "version": float(self.trainer.version)}
+        return {**metrics, **memory_metrics(self.device), "version": float(self.trainer.version)}
 
     def accumulate(self, plan: BatchPlan, temperature: float) -> dict[str, float]:
         """Fill the (sharded) gradients with the whole batch's loss gradient (one pass, no update)."""

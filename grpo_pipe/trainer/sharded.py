@@ -263,6 +263,9 @@ TOKEN_MEANS = ("train/clip_fraction", "train/kl", "train/entropy", "train/is_", 
                "mismatch/kl_k3", "mismatch/ratio_mean", "mismatch/outside_clip_fraction")
 
 
+RANK_MEMORY = ("memory/device_used_gib", "memory/trainer_peak_gib")  # each rank's card: the fullest one is reported
+
+
 def combine(results: list[dict[str, float]]) -> dict[str, float]:
     """The ranks' step metrics -> the whole batch's: sums and token-weighted means over ranks; the
     update's own figures (global grad norm, lr, counters) are the same on every rank. A figure some ranks
@@ -279,7 +282,7 @@ def combine(results: list[dict[str, float]]) -> dict[str, float]:
         **weighted,
         # A rank that ran a padding micro-batch reports at least 1.0 (the loss's value for no tokens).
         **{key: max(r[key] for r in results if key in r) for key in ("train/ratio_max", "mismatch/logprob_abs_max",
-                                                                      "mismatch/ratio_max") if key in reported},
+                                                                      "mismatch/ratio_max", *RANK_MEMORY) if key in reported},
         **{key: first[key] for key in ("train/grad_norm", "train/update_applied", "train/skipped_updates_total", "train/lr")},
     }
 

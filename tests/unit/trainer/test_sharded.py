@@ -27,3 +27,12 @@ def test_figures_every_rank_reports_are_weighted_by_the_tokens_each_trained() ->
     step = combine(ranks)
     assert step["mismatch/logprob_abs_mean"] == pytest.approx((0.04 * 10 + 0.02 * 30) / 40)
     assert step["train/kl"] == pytest.approx(0.3) and step["train/loss"] == pytest.approx(0.3)
+
+
+def test_memory_is_the_fullest_ranks_card() -> None:
+    ranks = [{**UPDATE, "train/loss": 0.0, "train/tokens": 1.0, "memory/trainer_peak_gib": 60.0, "memory/device_used_gib": 70.0},
+             {**UPDATE, "train/loss": 0.0, "train/tokens": 1.0, "memory/trainer_peak_gib": 61.5, "memory/device_used_gib": 69.0}]
+    step = combine(ranks)
+    assert step["memory/trainer_peak_gib"] == 61.5 and step["memory/device_used_gib"] == 70.0
+    cpu_ranks = [{k: v for k, v in r.items() if not k.startswith("memory/")} for r in ranks]
+    assert "memory/trainer_peak_gib" not in combine(cpu_ranks)  # ranks on CPUs report none
