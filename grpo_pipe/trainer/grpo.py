@@ -121,6 +121,12 @@ class GRPOTrainer:
         return own + groups + loss
 
     def setup(self, model_path: Path, device: torch.device, pad_id: int) -> None:
+        if device.type == "cuda" and device.index is not None:
+            # The trainer's card becomes this process's current device. placement=split gives the trainer a card no
+            # replica took, often not the first; left on the first (an engine's), every op that launches on the
+            # current device's stream rather than its tensors' (torch's foreach kernels among them: AdamW's update,
+            # the grad-norm clip, the nccl bridge's packing) would run unordered with the trainer's own work.
+            torch.cuda.set_device(device)
         self.device = device
         self.pad_id = pad_id
         self.dtypes = Precision.resolve(self.precision.dtype, self.precision.autocast, device)

@@ -11,7 +11,7 @@ def test_memory_is_read_on_the_named_card_while_another_is_current() -> None:
     """placement=split puts the trainer on a card no replica took, while the process's current device stays the
     first, an engine's: the figures once read that card's (122 GiB, the engine's reservation)."""
     trainer_card = torch.device("cuda", 1)
-    assert torch.cuda.current_device() == 0
+    torch.cuda.set_device(0)  # the runner's process: the first card current
     memory_metrics(trainer_card)  # resets the peak
     held = torch.empty(2**30, dtype=torch.uint8, device=trainer_card)  # 1 GiB on the trainer's card only
     got = memory_metrics(trainer_card)
