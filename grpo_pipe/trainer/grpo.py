@@ -122,10 +122,10 @@ class GRPOTrainer:
 
     def setup(self, model_path: Path, device: torch.device, pad_id: int) -> None:
         if device.type == "cuda" and device.index is not None:
-            # The trainer's card becomes this process's current device. placement=split gives the trainer a card no
-            # replica took, often not the first; left on the first (an engine's), every op that launches on the
-            # current device's stream rather than its tensors' (torch's foreach kernels among them: AdamW's update,
-            # the grad-norm clip, the nccl bridge's packing) would run unordered with the trainer's own work.
+            # The trainer's card becomes this process's current device, as each rank of the sharded trainer does.
+            # placement=split gives the trainer a card no replica took, often not the first; left on the first (an
+            # engine's), whatever reads the current device instead of its tensors' reads the engine's card (the
+            # memory figures did) or launches there, unordered with the trainer's own work.
             torch.cuda.set_device(device)
         self.device = device
         self.pad_id = pad_id

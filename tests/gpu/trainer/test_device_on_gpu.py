@@ -12,8 +12,9 @@ from tests.fakes import scored_groups
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs: the first one and the trainer's")
 def test_a_trainer_on_the_second_card_trains_there_with_finite_gradients_after_updates() -> None:
-    """On two H200s, fp32 masters under bf16 autocast on the second card (the first one current) gave a NaN gradient
-    norm from the second step on; the trainer now makes its card current. Three steps, the last two with every
+    """On two H200s, fp32 masters under bf16 autocast on the second card (the first one current, in a whole
+    placement=split run) gave a NaN gradient norm from the second step on. The trainer now makes its card current;
+    whether that was the cause is what this test, run on two GPUs, says. Three steps, the last two with every
     advantage zero (their gradient is exactly zero)."""
     torch.cuda.set_device(0)
     trainer = GRPOTrainer(policy=FullFinetunePolicy(), steps=4, batching=BatchingSettings(skip_zero_advantage=False))
