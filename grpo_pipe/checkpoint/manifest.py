@@ -109,15 +109,13 @@ class ManifestedFolder:
     def adopt(self, subfolder: str) -> None:
         """List the files other processes wrote under `subfolder` (a sharded trainer's ranks, each writing its own
         shards): each is read once to hash it, and fsync'ed, as `write` does for its own."""
-        for path in sorted(p for p in (self.folder / subfolder).rglob("*") if p.is_file()):
-            digest, size = hashlib.sha256(), 0
-            with path.open("rb") as f:
-                while chunk := f.read(_CHUNK):
-                    digest.update(chunk)
-                    size += len(chunk)
-                os.fsync(f.fileno())
-            self.listed[path.relative_to(self.folder).as_posix()] = {"size": size, "sha256": digest.hexdigest()}
-        for folder in sorted({p.parent for p in (self.folder / subfolder).rglob("*")} | {self.folder / subfolder}):
+        root = self.folder / subfolder
+        found = sorted(root.rglob("*"))
+        for path in (p for p in found if p.is_file()):
+            size, digest = _digest(path)
+            self.listed[path.relative_to(self.folder).as_posix()] = {"size": size, "sha256": digest}
+            fsync(path)
+        for folder in [root, *(p for p in found if p.is_dir())]:
             fsync(folder)  # the shards' names
 
     def write_manifest(self) -> None:
@@ -132,13 +130,19 @@ def _file_problems(path: Path, expected: Mapping[str, Any]) -> list[str]:
     size = path.stat().st_size
     if size != expected["size"]:
         return [f"{path} has {size:,} bytes, its manifest says {expected['size']:,} (truncated or overwritten)"]
-    digest = hashlib.sha256()
+    if _digest(path)[1] != expected["sha256"]:
+        return [f"{path} does not match its sha256 in the manifest (its bytes changed on disk)"]
+    return []
+
+
+def _digest(path: Path) -> tuple[int, str]:
+    """A file's size and sha256, read in chunks: memory stays flat whatever its size."""
+    digest, size = hashlib.sha256(), 0
     with path.open("rb") as f:
         while chunk := f.read(_CHUNK):
             digest.update(chunk)
-    if digest.hexdigest() != expected["sha256"]:
-        return [f"{path} does not match its sha256 in the manifest (its bytes changed on disk)"]
-    return []
+            size += len(chunk)
+    return size, digest.hexdigest()
 
 
 def describe(err: OSError) -> str:
