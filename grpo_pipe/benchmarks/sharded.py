@@ -8,8 +8,9 @@ engine's log-probs set near a random-init model's own so importance weights stay
 global batch, from the same starting weights. Printed per world size: the median trainer step (what the
 runner records as `time/train_s`, the first step left out as warm-up) and its speed-up over the first
 world size, and the loss of the first steps beside the first world size's. Then the last world size
-writes the checkpoint the runner writes (`trainer.state_dict()`, to a file), trains one more step, and
-the first world size (or `--resume-at`) resumes from the file and trains the same step: the two losses are printed.
+writes the checkpoint the runner writes (`trainer.save_sharded`: each rank its own shards; the write is timed),
+trains one more step, and the first world size (or `--resume-at`) resumes from that folder and trains the same
+step: the two losses are printed. With one world size, `--resume-at` names the other.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     work: list[tuple[list[RolloutGroup], list[float]]] = []
     with tempfile.TemporaryDirectory(prefix="grpo_pipe-sharded-bench-") as scratch:
-        checkpoint = Path(scratch) / "trainer.pt"
+        checkpoint = Path(scratch) / "trainer"
+        resume_at = args.resume_at or (sizes[0] if len(sizes) > 1 else None)
         for index, size in enumerate(sizes):
             trainer, vocab = trainer_for(args.overrides, size)
             if not work:
@@ -111,8 +113,10 @@ def main() -> None:
                 times, losses, norms = train(trainer, work[: args.steps])
                 row = {"world_size": size, "step_s": statistics.median(times[1:] or times), "steps_s": times,
                        "losses": losses, "grad_norms": norms}
-                if index == len(sizes) - 1 and len(sizes) > 1:  # the runner's checkpoint, then one step past it
-                    torch.save(trainer.state_dict(), checkpoint)
+                if index == len(sizes) - 1 and resume_at is not None:  # the runner's checkpoint, one step past it
+                    started = time.perf_counter()
+                    trainer.save_sharded(checkpoint)
+                    row["checkpoint_write_s"] = time.perf_counter() - started
                     row["next_loss"] = train(trainer, work[args.steps :])[1][0]
             finally:
                 trainer.close()
@@ -123,23 +127,29 @@ def main() -> None:
                                             zip(norms[:LOSS_STEPS], first["grad_norms"][:LOSS_STEPS]))
             rows.append(row)
             print(format_row(row), flush=True)
-        if len(sizes) > 1:
-            resume_at = args.resume_at or sizes[0]
+        if resume_at is not None:
             resumed, _ = trainer_for(args.overrides, resume_at)
             try:
-                resumed.load_state_dict(torch.load(checkpoint, weights_only=False))
+                started = time.perf_counter()
+                resumed.load_sharded(checkpoint)
+                read_s = time.perf_counter() - started
                 again = train(resumed, work[args.steps :])[1][0]
             finally:
                 resumed.close()
             want = rows[-1]["next_loss"]
-            print(f"checkpoint written at world size {sizes[-1]} after step {args.steps}, resumed at world size "
-                  f"{resume_at}: next step's loss {again:.6g} vs {want:.6g} at world size {sizes[-1]} "
+            print(f"checkpoint written at world size {sizes[-1]} after step {args.steps} in "
+                  f"{rows[-1]['checkpoint_write_s']:.1f} s ({folder_gb(checkpoint):.1f} GB), read at world size "
+                  f"{resume_at} in {read_s:.1f} s: next step's loss {again:.6g} vs {want:.6g} at world size {sizes[-1]} "
                   f"(relative difference {abs(again - want) / max(abs(want), 1e-12):.2e})", flush=True)
-            rows[-1]["resumed_loss"] = again
+            rows[-1] |= {"resumed_loss": again, "resumed_at": resume_at, "checkpoint_read_s": read_s}
     ray.shutdown()
     if args.json:
         args.json.write_text(json.dumps({"overrides": args.overrides, "args": vars(args) | {"json": str(args.json)},
                                          "rows": rows}, indent=2, default=str))
+
+
+def folder_gb(folder: Path) -> float:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) / 1e9
 
 
 def format_row(row: dict[str, Any]) -> str:

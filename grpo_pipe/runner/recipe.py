@@ -212,10 +212,11 @@ class GRPORecipe:
             **self.held_out.state_dict(),
         }
         # A sharded trainer's ranks write their own shards: its whole state is never gathered into this process.
+        started = time.perf_counter()
         trainer_state = p.trainer if isinstance(p.trainer, ShardedState) else p.trainer.state_dict()
         saved = p.checkpoint.save(step, trainer_state, loop_state, self.config_yaml)
         if saved is not None:  # None: the write failed and checkpoint.on_save_error=warn let the run go on
-            log.info("Checkpoint written: %s", saved.path)
+            log.info("Checkpoint written in %.1f s: %s", time.perf_counter() - started, saved.path)
             p.logger.set_tags({"grpo_pipe.last_checkpoint": str(saved.path), "grpo_pipe.last_checkpoint_step": str(step)})
 
     def restore(self, checkpoint: Checkpoint) -> int:
