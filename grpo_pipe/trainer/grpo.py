@@ -13,7 +13,8 @@ import inspect
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
@@ -180,14 +181,17 @@ class GRPOTrainer:
         """`updates_per_batch` optimizer updates on these groups; the version moves by one. Returns `train/...` metrics."""
         return self.train_plan(self.plan(groups, rewards), temperature)
 
-    def train_plan(self, plan: BatchPlan, temperature: float) -> dict[str, float]:
-        """`step` on a plan already made (the sharded trainer hands each rank its share of one batch's plan)."""
+    def train_plan(self, plan: BatchPlan, temperature: float, diagnose: bool = True) -> dict[str, float]:
+        """`step` on a plan already made (the sharded trainer hands each rank its share of one batch's plan).
+        `diagnose`: a non-finite gradient is looked into by a second pass (`_diagnose`); a sharded trainer's ranks
+        pass False (one rank stopping mid-pass would leave the others waiting in a collective)."""
         started = time.perf_counter()
         cache = PassCache()  # per micro-batch, from the first pass: the frozen reference, the proximal policy
         passes, applied_any, grad_norms = [], False, []
+        explain = (lambda: self._diagnose(plan, temperature, cache)) if diagnose else None
         for _ in range(self.optimisation.updates_per_batch):
             passes.append(self._accumulate(plan, temperature, cache))
-            applied, grad_norm = self._apply_update()
+            applied, grad_norm = self._apply_update(explain)
             applied_any |= applied
             grad_norms.append(grad_norm)
         if applied_any:
@@ -262,8 +266,30 @@ class GRPOTrainer:
             logits = self.policy.reference_logits(batch.model_inputs(self.logits_to_keep))
             return completion_logprobs(logits, batch, temperature)  # [B, T]
 
-    def _apply_update(self) -> tuple[bool, float]:
-        """Clip and apply; a non-finite gradient skips the update instead of poisoning the weights."""
+    def _diagnose(self, plan: BatchPlan, temperature: float, cache: PassCache) -> str:
+        """The pass that gave a non-finite gradient, again on the same batch and weights under autograd's anomaly
+        mode: the backward function that first returned NaN and the forward line that made it; or that the second
+        pass was finite, i.e. a fault that does not repeat (concurrency, a kernel's nondeterminism), not the numbers.
+        Costs one slower pass, only on a bad step (`trainer.optimisation.diagnose_non_finite`)."""
+        if not self.optimisation.diagnose_non_finite:
+            return ""
+        with warnings.catch_warnings(record=True) as caught:  # anomaly mode warns with the forward call's stack
+            warnings.simplefilter("always")
+            try:
+                with torch.autograd.detect_anomaly(check_nan=True):
+                    self._accumulate(plan, temperature, cache)
+            except RuntimeError as err:
+                message = str(err).strip().splitlines()[0]
+                if "returned nan values" not in message:
+                    return f"; a second pass could not look into it: {message}"
+                return f"; a second pass under anomaly detection: {message}{forward_site(caught)}"
+        if non_finite_gradients(self.policy.module):
+            return "; a second pass gave non-finite gradients again, with no NaN from any backward function (infinite values)"
+        return "; a second pass over the same batch and weights gave finite gradients: the fault does not repeat"
+
+    def _apply_update(self, explain: Callable[[], str] | None = None) -> tuple[bool, float]:
+        """Clip and apply; a non-finite gradient skips the update instead of poisoning the weights.
+        `explain`: says why, after the tensors are named (it may overwrite the gradients)."""
         assert self.optimizer is not None
         params = self.policy.trainable_parameters()
         has_grad = any(p.grad is not None for p in params)
@@ -272,6 +298,7 @@ class GRPOTrainer:
             self.bad_steps_in_a_row += 1
             self.skipped_updates += 1
             where = non_finite_gradients(self.policy.module)
+            where += explain() if explain is not None else ""
             log.warning("Non-finite gradient (norm=%s)%s; update skipped (%d in a row)", grad_norm, where,
                         self.bad_steps_in_a_row)
             if self.bad_steps_in_a_row >= self.optimisation.max_bad_steps:
@@ -299,6 +326,25 @@ def non_finite_gradients(module: torch.nn.Module | None, shown: int = 4) -> str:
     if not bad:
         return ""
     return f" in {len(bad)} of {len(grads)} gradients, first: {', '.join(bad[:shown])}"
+
+
+def forward_site(caught: Sequence[warnings.WarningMessage]) -> str:
+    """" (forward: file line N, in function: code)": the innermost frame outside torch of the forward call that
+    anomaly mode blamed (a model's line, or ours), from the warning it raises with that call's stack; empty without."""
+    torch_dir = str(Path(torch.__file__).parent)
+    for record in caught:
+        text = str(record.message)
+        if "Traceback of forward call" not in text:
+            continue
+        lines = [line.strip() for line in text.splitlines()]
+        frames = [(line, lines[i + 1] if i + 1 < len(lines) else "") for i, line in enumerate(lines)
+                  if line.startswith('File "') and torch_dir not in line]
+        if not frames:
+            return ""
+        frame, code = frames[-1]
+        _, path, rest = frame.split('"', 2)
+        return f" (forward: {Path(path).name}{rest.rstrip()}: {code})"
+    return ""
 
 
 @dataclass(frozen=True)

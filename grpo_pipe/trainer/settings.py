@@ -33,6 +33,7 @@ class OptimisationSettings:
     grad_clip: float = 1.0
     updates_per_batch: int = 1  # GRPO's mu: optimizer passes over one batch
     max_bad_steps: int = 3  # non-finite updates in a row before the run stops
+    diagnose_non_finite: bool = True  # a bad step runs its pass again under anomaly mode, to name the op (one-device trainer)
 
     def config_problems(self) -> list[str]:
         """These settings' rules, and those of the schedule they were given."""

@@ -121,7 +121,7 @@ class ShardWorker:
 
     def train(self, plan: BatchPlan, temperature: float) -> dict[str, float]:
         """The single-device step on this rank's share of the batch; this rank's metrics (the driver combines them)."""
-        metrics = self.trainer.train_plan(plan, temperature)
+        metrics = self.trainer.train_plan(plan, temperature, diagnose=False)  # a rank alone would stall the rest
         return {**metrics, **memory_metrics(self.device), "version": float(self.trainer.version)}
 
     def accumulate(self, plan: BatchPlan, temperature: float) -> dict[str, float]:

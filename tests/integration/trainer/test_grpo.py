@@ -122,6 +122,64 @@ def test_non_finite_gradient_skips_the_update_names_where_it_is_and_stops_after_
         trainer.step(groups, nan_rewards, temperature=1.0)
 
 
+class _NanGradient(torch.autograd.Function):
+    """The identity whose backward returns NaN: a fault inside the backward pass, the forward finite."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        return grad * float("nan")
+
+
+def _trainer_with_a_faulty_norm(faulty_calls: int | None, diagnose: bool = True) -> tuple[GRPOTrainer, list[int]]:
+    """A trainer whose final norm's backward gives NaN on its first `faulty_calls` forwards (None: always)."""
+    trainer = GRPOTrainer(policy=FullFinetunePolicy(), steps=2, optimisation=OptimisationSettings(
+        lr=1e-3, diagnose_non_finite=diagnose))
+    trainer.setup(TinyRandomModel().materialize(), torch.device("cpu"), pad_id=0)
+    calls = [0]
+
+    def hook(module: torch.nn.Module, inputs: tuple, output: torch.Tensor) -> torch.Tensor:
+        calls[0] += 1
+        faulty = faulty_calls is None or calls[0] <= faulty_calls
+        return _NanGradient.apply(output) if faulty else output
+
+    trainer.policy.module.model.norm.register_forward_hook(hook)
+    return trainer, calls
+
+
+def test_a_non_finite_gradient_is_run_again_under_anomaly_mode_which_names_the_op_and_the_forward_line(caplog) -> None:
+    trainer, _ = _trainer_with_a_faulty_norm(faulty_calls=None)
+    groups, rewards = scored_groups()
+    metrics = trainer.step(groups, rewards, temperature=1.0)
+    assert metrics["train/update_applied"] == 0.0 and math.isfinite(metrics["train/loss"])  # the forward is finite
+    [warning] = [r.getMessage() for r in caplog.records if "Non-finite gradient" in r.getMessage()]
+    assert "a second pass under anomaly detection: Function '_NanGradientBackward' returned nan values" in warning
+    assert "(forward: test_grpo.py, line " in warning and "_NanGradient.apply(output)" in warning  # the hook's line
+
+
+def test_a_non_finite_gradient_that_does_not_repeat_is_reported_as_such(caplog) -> None:
+    """Only the first micro-batch's forward is faulty: the second pass over the same batch is finite."""
+    trainer, _ = _trainer_with_a_faulty_norm(faulty_calls=1)
+    groups, rewards = scored_groups()
+    assert trainer.step(groups, rewards, temperature=1.0)["train/update_applied"] == 0.0
+    [warning] = [r.getMessage() for r in caplog.records if "Non-finite gradient" in r.getMessage()]
+    assert "a second pass over the same batch and weights gave finite gradients: the fault does not repeat" in warning
+    assert trainer.step(groups, rewards, temperature=1.0)["train/update_applied"] == 1.0  # and the run trains on
+
+
+def test_without_diagnosis_a_bad_step_runs_its_pass_once(caplog) -> None:
+    trainer, calls = _trainer_with_a_faulty_norm(faulty_calls=None, diagnose=False)
+    groups, rewards = scored_groups()
+    plan = trainer.plan(groups, rewards)
+    trainer.step(groups, rewards, temperature=1.0)
+    assert calls[0] == len(plan.cuts)  # one forward per micro-batch: no second pass
+    [warning] = [r.getMessage() for r in caplog.records if "Non-finite gradient" in r.getMessage()]
+    assert "second pass" not in warning and " gradients, first: model." in warning
+
+
 def _weights(trainer: GRPOTrainer) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in trainer.policy.module.state_dict().items()}
 
