@@ -183,12 +183,14 @@ class GRPOTrainer:
 
     def train_plan(self, plan: BatchPlan, temperature: float, diagnose: bool = True) -> dict[str, float]:
         """`step` on a plan already made (the sharded trainer hands each rank its share of one batch's plan).
-        `diagnose`: a non-finite gradient is looked into by a second pass (`_diagnose`); a sharded trainer's ranks
-        pass False (one rank stopping mid-pass would leave the others waiting in a collective)."""
+        `diagnose`: a non-finite gradient is looked into by a second pass (`_diagnose`) where
+        `trainer.optimisation.diagnose_non_finite` allows it; a sharded trainer's ranks pass False (one rank
+        stopping mid-pass would leave the others waiting in a collective)."""
         started = time.perf_counter()
         cache = PassCache()  # per micro-batch, from the first pass: the frozen reference, the proximal policy
         passes, applied_any, grad_norms = [], False, []
-        explain = (lambda: self._diagnose(plan, temperature, cache)) if diagnose else None
+        explain = ((lambda: self._diagnose(plan, temperature, cache))
+                   if diagnose and self.optimisation.diagnose_non_finite else None)
         for _ in range(self.optimisation.updates_per_batch):
             passes.append(self._accumulate(plan, temperature, cache))
             applied, grad_norm = self._apply_update(explain)
@@ -271,8 +273,6 @@ class GRPOTrainer:
         mode: the backward function that first returned NaN and the forward line that made it; or that the second
         pass was finite, i.e. a fault that does not repeat (concurrency, a kernel's nondeterminism), not the numbers.
         Costs one slower pass, only on a bad step (`trainer.optimisation.diagnose_non_finite`)."""
-        if not self.optimisation.diagnose_non_finite:
-            return ""
         with warnings.catch_warnings(record=True) as caught:  # anomaly mode warns with the forward call's stack
             warnings.simplefilter("always")
             try:
