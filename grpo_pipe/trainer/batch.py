@@ -53,10 +53,11 @@ def flatten(groups: Sequence[RolloutGroup], advantages: Sequence[float]) -> list
 
 @dataclass(frozen=True)
 class MicroBatch:
-    """Prompts left-padded to one width, completions right-padded after them: every completion starts at
-    the same column, so the model projects only the completion positions to the vocabulary."""
+    """Every completion starts at the same column, so the model projects only the completion positions to the
+    vocabulary. A shorter prompt is filled up to that column by repeating its last token, masked out as a key
+    (`collate` says why)."""
 
-    input_ids: torch.Tensor  # [B, P + T] pad.., prompt, completion, ..pad
+    input_ids: torch.Tensor  # [B, P + T] prompt, last prompt token.., completion, ..pad
     attention_mask: torch.Tensor  # [B, P + T]
     position_ids: torch.Tensor  # [B, P + T] each row counts from 0 at its first prompt token, as the engine did
     completion_mask: torch.Tensor  # [B, T] 1 on completion tokens the model sampled (0 on padding, environment tokens)
@@ -85,9 +86,18 @@ class MicroBatch:
 
 
 def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device, width_multiple: int = 1) -> MicroBatch:
-    """Left-padded prompts, right-padded completions. `width_multiple`: the whole width (prompt + completion)
-    is padded up to a multiple of it. Compiled layers ask for 8: the compiler specialises a graph on whether
-    the sequence length is 8-aligned, so a batch of the other kind would compile again mid-run (seconds each)."""
+    """One micro-batch: each prompt from column 0, its last token repeated up to the widest prompt's end, then the
+    completion, right-padded. `width_multiple`: the whole width (prompt + completion) is padded up to a multiple of
+    it. Compiled layers ask for 8: the compiler specialises a graph on whether the sequence length is 8-aligned, so
+    a batch of the other kind would compile again mid-run (seconds each).
+
+    Why not left padding: a left pad's query attends to no key at all (causally it sees only pads, all masked), and
+    on a GPU such a fully masked row gave NaN in attention's backward pass, which 0 x NaN carried into every weight's
+    gradient while the loss stayed finite (random-init Qwen2.5-0.5B, compiled layers: three steps of four; BENCHMARKS.md).
+    Here every query sees the prompt's first token. The repeats are masked as keys, so no real token sees them, and
+    each has its prompt's last token and position (`attention.cumsum`) and sees exactly that token's keys: the
+    column before the completion computes what the prompt's last token does, and its logits score the first
+    completion token."""
     prompt_width = max(len(s.prompt_ids) for s in samples)
     width = max(max(len(s.completion_ids) for s in samples), 1)
     width += -(prompt_width + width) % width_multiple  # extra padding columns, masked like any padding
@@ -97,16 +107,18 @@ def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device, w
     completion_mask = torch.zeros((batch, width), dtype=torch.float32)
     logprobs = torch.zeros((batch, width), dtype=torch.float32)
     for row, sample in enumerate(samples):
-        first = prompt_width - len(sample.prompt_ids)
-        last = prompt_width + len(sample.completion_ids)
-        input_ids[row, first:last] = torch.tensor(sample.prompt_ids + sample.completion_ids, dtype=torch.long)
-        attention[row, first:last] = 1
+        prompt, last = len(sample.prompt_ids), prompt_width + len(sample.completion_ids)
+        input_ids[row, :prompt] = torch.tensor(sample.prompt_ids, dtype=torch.long)
+        input_ids[row, prompt:prompt_width] = sample.prompt_ids[-1] if sample.prompt_ids else pad_id
+        input_ids[row, prompt_width:last] = torch.tensor(sample.completion_ids, dtype=torch.long)
+        attention[row, :prompt] = 1
+        attention[row, prompt_width:last] = 1
         if sample.loss_mask is None:
             completion_mask[row, : len(sample.completion_ids)] = 1.0
         else:  # an episode: the environment's tokens are context, never trained on
             completion_mask[row, : len(sample.completion_ids)] = torch.tensor(sample.loss_mask, dtype=torch.float32)
         logprobs[row, : len(sample.completion_ids)] = torch.tensor(sample.sampling_logprobs, dtype=torch.float32)
-    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # [B, P + T]
+    positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # [B, P + T] a repeat keeps its prompt's last position
     return MicroBatch(
         input_ids=input_ids.to(device),
         attention_mask=attention.to(device),
