@@ -91,9 +91,10 @@ def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device, w
     it. Compiled layers ask for 8: the compiler specialises a graph on whether the sequence length is 8-aligned, so
     a batch of the other kind would compile again mid-run (seconds each).
 
-    Why not left padding: a left pad's query attends to no key at all (causally it sees only pads, all masked), and
-    on a GPU such a fully masked row gave NaN in attention's backward pass, which 0 x NaN carried into every weight's
-    gradient while the loss stayed finite (random-init Qwen2.5-0.5B, compiled layers: three steps of four; BENCHMARKS.md).
+    Why not left padding: a left pad's query attends to no key at all (causally it sees only pads, all masked), a known
+    source of NaN in attention's backward pass, which 0 x NaN carries into every weight's gradient while the loss, which
+    never reads those rows, stays finite. On a GPU, left-padded micro-batches gave exactly that (random-init
+    Qwen2.5-0.5B, compiled layers: three steps of four) where micro-batches without padding did not (BENCHMARKS.md).
     Here every query sees the prompt's first token. The repeats are masked as keys, so no real token sees them, and
     each has its prompt's last token and position (`attention.cumsum`) and sees exactly that token's keys: the
     column before the completion computes what the prompt's last token does, and its logits score the first
