@@ -14,8 +14,8 @@ from tests.fakes import scored_groups
 def test_a_trainer_on_the_second_card_trains_there_with_finite_gradients_after_updates() -> None:
     """fp32 masters under bf16 autocast on the second card, the first one current as in a placement=split run: the
     trainer makes its card current and its gradients stay finite and exact (three steps, the last two with every
-    advantage zero: their gradient is exactly zero). Passed on two H200; the whole placement=split job still gets
-    NaN gradients at some steps (BENCHMARKS.md, "choosing a layout"), so that fault lies elsewhere."""
+    advantage zero: their gradient is exactly zero). Passed on two H200. The placement=split job's NaN gradients lay
+    elsewhere: in left-padded micro-batches, on either card alike (test_padding_on_gpu.py)."""
     torch.cuda.set_device(0)
     trainer = GRPOTrainer(policy=FullFinetunePolicy(), steps=4, batching=BatchingSettings(skip_zero_advantage=False))
     trainer.setup(TinyRandomModel().materialize(), torch.device("cuda", 1), pad_id=0)
