@@ -108,12 +108,12 @@ def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device, w
     completion_mask = torch.zeros((batch, width), dtype=torch.float32)
     logprobs = torch.zeros((batch, width), dtype=torch.float32)
     for row, sample in enumerate(samples):
-        prompt, last = len(sample.prompt_ids), prompt_width + len(sample.completion_ids)
-        input_ids[row, :prompt] = torch.tensor(sample.prompt_ids, dtype=torch.long)
-        input_ids[row, prompt:prompt_width] = sample.prompt_ids[-1] if sample.prompt_ids else pad_id
-        input_ids[row, prompt_width:last] = torch.tensor(sample.completion_ids, dtype=torch.long)
-        attention[row, :prompt] = 1
-        attention[row, prompt_width:last] = 1
+        prompt_end, completion_end = len(sample.prompt_ids), prompt_width + len(sample.completion_ids)
+        input_ids[row, :prompt_end] = torch.tensor(sample.prompt_ids, dtype=torch.long)
+        input_ids[row, prompt_end:prompt_width] = sample.prompt_ids[-1] if sample.prompt_ids else pad_id
+        input_ids[row, prompt_width:completion_end] = torch.tensor(sample.completion_ids, dtype=torch.long)
+        attention[row, :prompt_end] = 1
+        attention[row, prompt_width:completion_end] = 1
         if sample.loss_mask is None:
             completion_mask[row, : len(sample.completion_ids)] = 1.0
         else:  # an episode: the environment's tokens are context, never trained on
