@@ -8,13 +8,11 @@ not numbers (words, letters, lists), which the default numeric `reward=correctne
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
+from grpo_pipe.data.generated import GeneratedSplits
 from grpo_pipe.types import Task
-
-log = logging.getLogger(__name__)
 
 
 class ReasoningGymTasks:
@@ -38,8 +36,9 @@ class ReasoningGymTasks:
         self.system_prompt = system_prompt
         self.skipped: tuple[str, ...] = ()  # generated tasks are never malformed (TaskSource.skipped)
         self.max_bad_fraction = 0.0
-        self._train: list[Task] | None = None
-        self._eval: list[Task] | None = None
+        # Eval oversampled 4×: small difficulty settings repeat questions often, and those in train are dropped.
+        self.splits = GeneratedSplits(self._generate, train_size=train_size, eval_size=eval_size, seed=seed,
+                                      oversample=4, name=task)
 
     def _generate(self, size: int, seed: int, split: str) -> list[Task]:
         import reasoning_gym
@@ -56,21 +55,7 @@ class ReasoningGymTasks:
         ]
 
     def train_tasks(self) -> list[Task]:
-        if self._train is None:
-            self._train = self._generate(self.train_size, self.seed, "train")
-        return self._train
+        return self.splits.train()
 
     def eval_tasks(self) -> list[Task]:
-        if self._eval is None:
-            seen = {t.question for t in self.train_tasks()}
-            # A distinct seed stream for eval; oversample so dropping overlaps still leaves eval_size.
-            candidates = self._generate(self.eval_size * 4, self.seed + 1_000_003, "eval")
-            unseen = {t.question: t for t in candidates if t.question not in seen}  # also de-duplicates
-            self._eval = list(unseen.values())[: self.eval_size]
-            if len(self._eval) < self.eval_size:
-                log.warning(
-                    "data.eval_size=%d but only %d %s questions are not in the train split; "
-                    "lower data.train_size or raise the difficulty for a larger held-out set",
-                    self.eval_size, len(self._eval), self.task,
-                )
-        return self._eval
+        return self.splits.eval()

@@ -17,6 +17,10 @@ from grpo_pipe.types import Task
 
 log = logging.getLogger(__name__)
 
+# A task whose metadata has this key (a generated task's length, a row's column of that name) is also counted in the
+# held-out metrics of its group: `eval/accuracy/<group>` beside `eval/accuracy`.
+EVAL_GROUP_KEY = "eval_group"
+
 
 @dataclass
 class SkippedRows:

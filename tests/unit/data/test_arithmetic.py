@@ -35,3 +35,40 @@ def test_steps_are_the_value_after_each_operation_products_first() -> None:
     assert steps([12, 5], ["*"]) == [60]
     task = ArithmeticTasks(terms=4, train_size=20, seed=2).train_tasks()[7]
     assert len(task.metadata["steps"]) == 3 and task.metadata["steps"][-1] == task.answer
+
+
+def test_a_range_of_terms_gives_every_length_in_equal_shares_each_saying_its_length() -> None:
+    data = ArithmeticTasks(terms=[2, 4], train_size=300, eval_size=30, seed=1)
+    train = data.train_tasks()
+    counts = [len(t.question.removeprefix("Calculate ").rstrip(".").split()[::2]) for t in train]
+    assert counts[:6] == [2, 3, 4, 2, 3, 4] and {n: counts.count(n) for n in (2, 3, 4)} == {2: 100, 3: 100, 4: 100}
+    for task, terms in zip(train, counts):
+        assert task.metadata["operations"] == terms - 1 == len(task.metadata["steps"])
+        assert task.metadata["eval_group"] == f"terms_{terms}"
+        assert int(task.answer) == eval(task.question.removeprefix("Calculate ").rstrip("."))
+    assert [t.metadata["operations"] for t in data.eval_tasks()[:6]] == [1, 2, 3, 1, 2, 3]
+
+
+def test_the_held_out_split_has_lengths_of_its_own_in_turn_and_never_a_train_question() -> None:
+    data = ArithmeticTasks(terms=[2, 3], eval_terms=[3, 5], train_size=200, eval_size=31, seed=0)
+    held_out = data.eval_tasks()
+    assert len(held_out) == 31 and not {t.question for t in held_out} & {t.question for t in data.train_tasks()}
+    groups = [t.metadata["eval_group"] for t in held_out]
+    assert groups[:3] == ["terms_3", "terms_4", "terms_5"]
+    assert {g: groups.count(g) for g in set(groups)} == {"terms_3": 11, "terms_4": 10, "terms_5": 10}
+    assert {t.metadata["operations"] for t in data.train_tasks()} == {1, 2}  # five terms never trained on
+    assert ArithmeticTasks(terms=3, eval_terms=5, eval_size=4).eval_tasks()[0].metadata["operations"] == 4
+
+
+def test_one_length_gives_the_tasks_it_always_gave() -> None:
+    # The questions the generator gave before lengths could be mixed: a single length draws exactly as it did.
+    first = ArithmeticTasks(terms=3, train_size=2, eval_size=1, seed=0)
+    assert [t.question for t in first.train_tasks()] == ["Calculate 876 - 141 - 623.", "Calculate 588 + 697 - 74."]
+    assert first.eval_tasks()[0].uid == "arithmetic/eval/1000003/0"
+
+
+def test_a_range_must_be_low_to_high_from_two() -> None:
+    assert ArithmeticTasks(terms=[2, 4], eval_terms=5).config_problems() == []
+    problems = ArithmeticTasks(terms=[4, 2], eval_terms=[1, 3]).config_problems()
+    assert [p.split("=", 1)[0] for p in problems] == ["data.terms", "data.eval_terms"]
+    assert [p.split("=", 1)[0] for p in ArithmeticTasks(terms=[2, 3, 4]).config_problems()] == ["data.terms"]
