@@ -10,6 +10,8 @@ Greedy, one completion per task:
 Sampled, when `run.eval_pass_k` = k > 0: k completions per task at the training temperature;
 `eval/pass_at_<k>` = fraction of tasks with at least one solved completion, `eval/pass_at_1` = fraction of solved
 completions (the unbiased pass@1 estimate from the same samples).
+Per group, where tasks name one (`by_group`: task lengths, e.g. `eval/accuracy/terms_3`): accuracy, mean reward, and
+whether solved episodes made as many calls as their task has operations.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, Literal
 
 from grpo_pipe.data.prompts import a_few, cut_to
 from grpo_pipe.episodes.metrics import episode_metrics
+from grpo_pipe.evaluation.by_group import group_metrics
 from grpo_pipe.interfaces import EpisodeRunner, Reward, RolloutEngine
 from grpo_pipe.types import (
     Completion,
@@ -98,6 +101,7 @@ def evaluate_completions(
         metrics["eval/score"] = metrics[score_key]
     else:
         log.warning("run.eval_metric=%s: the reward reports no %s; eval/score not logged", plan.metric, score_key)
+    metrics.update(group_metrics(tasks, completions, scored))
     metrics.update(episode_metrics([completions], prefix="eval/episodes"))
     if plan.pass_k > 0:
         metrics.update(pass_at_k(engine, prompts, tasks, reward, plan, episodes))
