@@ -66,7 +66,7 @@ def main() -> None:
     """The command: overrides naming options or keys that exist nowhere, and output folders that cannot be created,
     fail first, all together in the project's error format with the nearest allowed names (rc 2); then Hydra
     composes and runs the job."""
-    from grpo_pipe.config.output_dirs import output_dir_problems
+    from grpo_pipe.config.output_dirs import output_dir_problems, remove_if_empty, unmade_output_dirs
     from grpo_pipe.config.overrides import override_problems, problems_beside
 
     if sys.argv[1:] in (["--version"], ["-V"]):
@@ -80,7 +80,14 @@ def main() -> None:
 
         report_config_error(ConfigError(list(dict.fromkeys(problems + problems_beside(sys.argv[1:], problems, build)))))
         sys.exit(2)
-    run_job()
+    unmade = unmade_output_dirs(sys.argv[1:], Path.cwd())
+    try:
+        run_job()
+    except SystemExit as stop:
+        if stop.code == 2:  # refused by its config check: the folders Hydra made for it go too (outputs/ on a first run)
+            for folder in unmade:
+                remove_if_empty(folder)
+        raise
 
 
 def report_config_error(err: ConfigError) -> None:

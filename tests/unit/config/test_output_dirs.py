@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from grpo_pipe.config.output_dirs import output_dir_problems
+from grpo_pipe.config.output_dirs import output_dir_problems, remove_if_empty, unmade_output_dirs
 from tests.conftest import REPO
 
 
@@ -30,3 +30,16 @@ def test_the_command_refuses_an_unwritable_output_folder_in_one_block(tmp_path: 
     out = done.stdout + done.stderr
     assert done.returncode == 2 and "Traceback" not in out, out
     assert "Invalid config:" in out and f"hydra.run.dir={tmp_path}/taken/run: cannot write" in out
+
+
+def test_a_refused_job_removes_the_output_folders_it_made_and_only_those(tmp_path: Path) -> None:
+    (tmp_path / "kept").mkdir()
+    unmade = unmade_output_dirs([f"hydra.run.dir={tmp_path}/kept/runs/${{now:%H}}"], tmp_path)
+    assert unmade == [tmp_path / "kept" / "runs", tmp_path / "outputs"]  # the run folder given, the sweep default
+    (tmp_path / "kept" / "runs" / "12").mkdir(parents=True)  # what Hydra made (the job folder itself already gone)
+    (tmp_path / "outputs" / "mlartifacts").mkdir(parents=True)
+    (tmp_path / "outputs" / "mlflow.db").write_text("")
+    for folder in unmade:
+        remove_if_empty(folder)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "outputs"] and list((tmp_path / "kept").iterdir()) == []
+    assert (tmp_path / "outputs" / "mlartifacts").is_dir()  # a folder holding a file stays whole
