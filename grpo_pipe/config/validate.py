@@ -27,7 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from grpo_pipe.config.errors import ConfigError
 
-__all__ = ["cross_field_problems", "instantiate_components", "validate_config"]
+__all__ = ["cross_field_problems", "instantiate_components", "settings_problems", "validate_config"]
 
 log = logging.getLogger(__name__)
 HYDRA_KEYS = {"_target_", "_partial_", "_recursive_", "_convert_", "_args_"}
@@ -188,6 +188,38 @@ def _constructor_problems(group: str, err: BaseException) -> list[str]:
     return [message if message.split("=", 1)[0].split(".", 1)[0] == group else f"{group}: {message}"]
 
 
+def settings_problems(path: str, factory: Any, settings: Mapping[str, Any]) -> list[str]:
+    """What is wrong with plain `settings` for `factory` (a class or function), each under `path`: unknown keys, required
+    ones missing, values of the wrong type. For components configured outside a `_target_` node (a tool's options)."""
+    params, hints, takes_any = _signature(factory)
+    name = getattr(factory, "__name__", str(factory))
+    problems: list[str] = []
+    for key, value in settings.items():
+        if key not in params:
+            if not takes_any:
+                problems.append(_unknown_setting(f"{path}.{key}", name, params))
+        elif key in hints:
+            _check_value(f"{path}.{key}", value, hints[key], problems)
+    problems += [f"{path}.{key}: required by {name} but not set" for key, param in params.items()
+                 if param.default is inspect.Parameter.empty and key not in settings]
+    return problems
+
+
+def _signature(factory: Any) -> tuple[dict[str, inspect.Parameter], dict[str, Any], bool]:
+    """`factory`'s named parameters, their type hints (none where they do not resolve), whether it takes **kwargs."""
+    signature = inspect.signature(factory)
+    try:
+        hints = typing.get_type_hints(factory.__init__ if inspect.isclass(factory) else factory)
+    except Exception:  # unresolvable annotations: check names only
+        hints = {}
+    params = {n: p for n, p in signature.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+    return params, hints, any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values())
+
+
+def _unknown_setting(key: str, name: str, params: Mapping[str, inspect.Parameter]) -> str:
+    return f"{key}: unknown setting for {name}; allowed: {', '.join(sorted(params)) or '(none)'}"
+
+
 def _check_component(path: str, node: DictConfig, problems: list[str]) -> None:
     target = node["_target_"]
     try:
@@ -195,20 +227,13 @@ def _check_component(path: str, node: DictConfig, problems: list[str]) -> None:
     except Exception as err:
         problems.append(f"{path}._target_={target!r} cannot be imported ({err})")
         return
-    signature = inspect.signature(factory)
-    try:
-        hints = typing.get_type_hints(factory.__init__ if inspect.isclass(factory) else factory)
-    except Exception:  # unresolvable annotations: check names only
-        hints = {}
-    params = {n: p for n, p in signature.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
-    takes_any = any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values())
+    params, hints, takes_any = _signature(factory)
     for key in node:
         if key in HYDRA_KEYS:
             continue
         if key not in params:
             if not takes_any:
-                allowed = ", ".join(sorted(params)) or "(none)"
-                problems.append(f"{path}.{key}: unknown setting for {_short(target)}; allowed: {allowed}")
+                problems.append(_unknown_setting(f"{path}.{key}", _short(target), params))
             continue
         value = _value(node, key, path, problems)
         if isinstance(value, DictConfig) and OmegaConf.is_interpolation(node, key):

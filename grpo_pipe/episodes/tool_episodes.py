@@ -144,8 +144,8 @@ class ToolEpisodes:
             return problems
         try:
             self._load_tools()
-        except ToolSpecError as err:
-            problems += [f"{'tools' if self.tool_specs else 'environment_class'}: {p}" for p in err.problems]
+        except ToolSpecError as err:  # the tools' problems come keyed (`tools: ...`, `tool_options.python.wall_s=...`)
+            problems += err.problems if self.tool_specs else [f"environment_class: {p}" for p in err.problems]
         return problems
 
     def _load_tools(self) -> None:

@@ -3,8 +3,9 @@ own file (`my_tools.py:lookup`), a module (`pkg.mod:fn`) or by a shipped name (`
 user's own environment class (its public methods are the tools, one instance per episode).
 
 Everything that can be wrong with a tool (a file that does not import, a missing name, no type hints or docstring,
-a default that is not JSON) is found here, before any model loads. What goes wrong while a tool runs (it raises,
-hangs, returns a non-string, prints megabytes) never reaches the run: `calling` makes it an observation.
+a default that is not JSON, a setting in `tool_options` that its class refuses) is found here, before any model
+loads. What goes wrong while a tool runs (it raises, hangs, returns a non-string, prints megabytes) never reaches the
+run: `calling` makes it an observation.
 """
 
 from __future__ import annotations
@@ -14,19 +15,19 @@ import importlib
 import importlib.util
 import inspect
 import json
+import pkgutil
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+from grpo_pipe.config.validate import settings_problems
+from grpo_pipe.interfaces import ChecksItsConfig
 from grpo_pipe.types import Task
 
-# The shipped tools by name: classes whose instances are the tool (their settings come from `tool_options`).
-SHIPPED = {
-    "calculator": "grpo_pipe.episodes.tools.calculator:Calculator",
-    "python": "grpo_pipe.episodes.tools.python_sandbox:PythonSandbox",
-}
+# The shipped tools' package: its module `NAME` that defines `TOOL` ships the tool `NAME` (see `shipped_tools`).
+TOOLS_PACKAGE = "grpo_pipe.episodes.tools"
 # Methods of an environment class that are its protocol, not tools.
 ENVIRONMENT_METHODS = ("reset", "reward", "close")
 
@@ -103,35 +104,69 @@ def tool_schema(fn: Callable[..., Any], name: str) -> dict[str, Any]:
     return schema
 
 
+def shipped_tools() -> dict[str, type]:
+    """The shipped tools by name: every module of `grpo_pipe.episodes.tools` that defines `TOOL` (the class whose
+    instance is the tool) ships the tool of its own name (`tools/calculator.py` -> `calculator`). A new shipped
+    tool is one module there; nothing lists it."""
+    package = importlib.import_module(TOOLS_PACKAGE)
+    modules = (importlib.import_module(f"{TOOLS_PACKAGE}.{m.name}") for m in pkgutil.iter_modules(package.__path__))
+    return {module.__name__.rpartition(".")[2]: module.TOOL for module in modules
+            if inspect.isclass(getattr(module, "TOOL", None))}
+
+
 def function_tools(specs: Sequence[str], options: Mapping[str, Mapping[str, Any]]) -> dict[str, Callable[..., Any]]:
     """name -> callable for `environment.tools`: a shipped name, or FILE.py:NAME / MODULE:NAME of a function (or of
     a class, whose instance built with `tool_options[name]` is the tool). Every problem of every tool is raised at
-    once, schemas included."""
+    once, schemas and settings included, each under its key: `tools: ...`, `tool_options.<name>.<key>=...: ...`."""
     problems, tools = [], {}
+    shipped = shipped_tools()
     for spec in specs:
-        if ":" not in spec and spec not in SHIPPED:
-            problems.append(f"{spec!r}: not a shipped tool ({', '.join(SHIPPED)}) and not FILE.py:NAME or MODULE:NAME")
+        if ":" not in spec and spec not in shipped:
+            problems.append(f"tools: {spec!r}: not a shipped tool ({', '.join(sorted(shipped))}) and not FILE.py:NAME "
+                            "or MODULE:NAME")
             continue
         name = spec.rpartition(":")[2]  # a shipped name is its own name
         try:
-            target = load_object(SHIPPED.get(spec, spec))
-            # a class's instance is the tool: its bound __call__ carries the signature and docstring of the schema
-            tools[name] = cast(Any, target(**dict(options.get(name, {})))).__call__ if inspect.isclass(target) else target
+            target = shipped[spec] if spec in shipped else load_object(spec)
         except ToolSpecError as err:
-            problems += err.problems
-        except TypeError as err:
-            problems.append(f"tool_options.{name}: {err}")
+            problems += [f"tools: {p}" for p in err.problems]
+            continue
+        settings = dict(options.get(name, {}))
+        found = _tool_setting_problems(name, target, settings)
+        if found:
+            problems += found
+            continue
+        # a class's instance is the tool: its bound __call__ carries the signature and docstring of the schema
+        tools[name] = cast(Any, target(**settings)).__call__ if inspect.isclass(target) else target
     for name, fn in tools.items():
         try:
             tool_schema(fn, name)
         except ToolSpecError as err:
-            problems += err.problems
-    unknown = sorted(set(options) - set(tools))
-    if unknown:
-        problems.append(f"tool_options has settings for {unknown}, which are not among the tools {sorted(tools)}")
+            problems += [f"tools: {p}" for p in err.problems]
+    named = {spec.rpartition(":")[2] for spec in specs}
+    problems += [f"tool_options.{name}: settings for a tool that is not among the tools ({', '.join(sorted(named))})"
+                 for name in sorted(set(options) - named)]
     if problems:
         raise ToolSpecError(problems)
     return tools
+
+
+def _tool_setting_problems(name: str, target: Any, settings: dict[str, Any]) -> list[str]:
+    """Everything wrong with `tool_options.<name>` for a tool class (keys, types, then its own `config_problems()`
+    on an instance), each under `tool_options.<name>`; a function takes no settings."""
+    key = f"tool_options.{name}"
+    if not inspect.isclass(target):
+        return [f"{key}: {name} is a function, which takes no settings (a class's instance is a tool with settings)"
+                ] if settings else []
+    problems = settings_problems(key, target, settings)
+    if problems:
+        return problems  # the constructor and the rules would judge values of the wrong type
+    try:
+        tool = target(**settings)
+    except (TypeError, ValueError) as err:  # the user's class: a constructor that judges its own settings
+        return [f"{key}: {type(err).__name__}: {err}"]
+    own = tool.config_problems() if isinstance(tool, ChecksItsConfig) else []
+    return [f"{key}.{problem}" for problem in own]
 
 
 def environment_tools(cls: type) -> dict[str, Callable[..., Any]]:

@@ -1,4 +1,5 @@
-"""Exact arithmetic for a model: big integers and fractions, nothing else.
+"""The `calculator` tool (`environment.tools=[calculator]`): exact arithmetic for a model, big integers and
+fractions, nothing else.
 
 The expression is parsed with `ast` and only a whitelist of nodes (numbers, unary +/-, + - * / // % **,
 parentheses) is evaluated, so no name, call or attribute ever runs: the tool is safe on any model output.
@@ -8,12 +9,14 @@ Every value is a `fractions.Fraction`, so "0.1 + 0.2" is exactly 3/10 and 2**64 
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 import re
 import sys
 from collections.abc import Callable
 from fractions import Fraction
 
+from grpo_pipe.config.errors import failed
 from grpo_pipe.episodes.tools.errors import ToolError
 
 MAX_EXPRESSION_CHARS = 500
@@ -43,15 +46,24 @@ class Calculator:
     """
 
     def __init__(self, *, max_operations: int | None = None, max_digits: int = 1000) -> None:
-        if max_operations is not None and max_operations < 1:
-            raise ValueError(f"max_operations must be None or at least 1, got {max_operations!r}")
-        # str() of a bigger integer needs sys.set_int_max_str_digits, a process-wide setting we leave alone.
-        str_limit = sys.get_int_max_str_digits() or sys.maxsize
-        if not 1 <= max_digits <= str_limit:
-            raise ValueError(f"max_digits must be between 1 and {str_limit}, got {max_digits!r}")
         self.max_operations = max_operations
         self.max_digits = max_digits
-        self._bound = 10**max_digits  # the smallest number with max_digits + 1 digits
+
+    def config_problems(self) -> list[str]:
+        """The settings' own rules, each named by its setting (the toolbox puts them under `tool_options.calculator`)."""
+        # str() of a bigger integer needs sys.set_int_max_str_digits, a process-wide setting we leave alone.
+        str_limit = sys.get_int_max_str_digits() or sys.maxsize
+        return failed(
+            (self.max_operations is None or self.max_operations >= 1,
+             f"max_operations={self.max_operations!r}: must be null (no limit) or >= 1"),
+            (1 <= self.max_digits <= str_limit,
+             f"max_digits={self.max_digits!r}: allowed 1 <= max_digits <= {str_limit} (Python's digit limit of str())"),
+        )
+
+    @functools.cached_property
+    def _bound(self) -> int:
+        """The smallest number with max_digits + 1 digits (built at the first call, after the settings were checked)."""
+        return 10**self.max_digits
 
     def __call__(self, expression: str) -> str:
         """Evaluate an arithmetic expression exactly.
@@ -135,6 +147,9 @@ class Calculator:
         if abs(value.numerator) >= self._bound or value.denominator >= self._bound:
             raise ToolError(f"a number has more than {self.max_digits} digits (the limit)")
         return value
+
+
+TOOL = Calculator  # the tool this module ships, under the module's name
 
 
 def _format(value: Fraction) -> str:

@@ -1,9 +1,13 @@
 """Bad tools, environment classes and episode limits fail before any model loads, in the one error list."""
 
+import subprocess
+import sys
+
 import pytest
 
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.runner.pipeline import build
+from tests.conftest import TINY
 
 TOOLS = "tests/fixtures/tools"
 
@@ -39,3 +43,15 @@ def test_a_good_tool_config_builds_and_episodes_follow_the_engine_into_the_backg
     assert parts.environment.background is False  # type: ignore[attr-defined]  # the synchronous loop
     ahead = build(compose_cfg(["environment=tools", "rollout_scheduler.max_staleness=1"]))
     assert ahead.environment.background is True  # type: ignore[attr-defined]  # the engine generates behind the trainer
+
+
+def test_the_command_names_a_bad_tool_setting_in_the_one_list_and_leaves_no_folder(tmp_path) -> None:
+    """From outside, as a user meets it: rc 2, one block, no traceback, and no outputs/ folder left in the directory
+    the job ran from (the shipped tool's constructor judges nothing; its rules are in the one list)."""
+    command = [sys.executable, "-m", "grpo_pipe", *TINY, "environment=tools", "environment.tools=[python]",
+               "+environment.tool_options.python.wall_s=0"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.startswith("Invalid config:\n") and "Traceback" not in done.stdout + done.stderr, done.stderr
+    assert "  - environment.tool_options.python.wall_s=0: must be >= 0.001" in done.stderr
+    assert not (tmp_path / "outputs").exists()

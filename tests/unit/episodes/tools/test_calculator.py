@@ -150,9 +150,13 @@ def test_max_digits_bounds_literals_and_results() -> None:
 
 
 @pytest.mark.parametrize(("key", "value"), [("max_operations", 0), ("max_digits", 0), ("max_digits", 10**9)])
-def test_bad_settings_are_refused_by_name(key: str, value: int) -> None:
-    with pytest.raises(ValueError, match=key):
-        Calculator(**{key: value})
+def test_bad_settings_are_named_by_its_rules_not_raised(key: str, value: int) -> None:
+    calculator = Calculator(**{key: value})  # built at once even for 10**9 digits: nothing is computed from it yet
+    assert [p.split(":")[0] for p in calculator.config_problems()] == [f"{key}={value}"]
+
+
+def test_the_default_settings_keep_the_rules() -> None:
+    assert Calculator().config_problems() == []
 
 
 def test_transformers_reads_the_schema_from_the_bound_method() -> None:

@@ -1,4 +1,5 @@
-"""A Python interpreter for a model: runs a snippet in a separate, limited process and returns what it printed.
+"""The `python` tool (`environment.tools=[python]`): a Python interpreter for a model, which runs a snippet in a
+separate, limited process and returns what it printed.
 
 Layers, outermost first (each one still holds where an inner one is bypassed):
 - a child `python -I` in a fresh temporary directory (deleted afterwards), minimal environment, own session;
@@ -31,6 +32,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from grpo_pipe.config.errors import failed
 from grpo_pipe.episodes.tools.errors import ToolError
 
 logger = logging.getLogger(__name__)
@@ -77,16 +79,22 @@ class PythonSandbox:
         output_bytes: int = 4096,
         max_processes: int = 0,
     ) -> None:
-        for name, value, minimum in (("cpu_s", cpu_s, 1e-3), ("wall_s", wall_s, 1e-3), ("memory_mb", memory_mb, 64),
-                                     ("output_bytes", output_bytes, 1), ("max_processes", max_processes, 0)):
-            if value < minimum:
-                raise ValueError(f"{name} must be at least {minimum:g}, got {value!r}")
         self.cpu_s = cpu_s
         self.wall_s = wall_s
         self.memory_mb = memory_mb
         self.output_bytes = output_bytes
         self.max_processes = max_processes
         self._warned = False
+
+    def config_problems(self) -> list[str]:
+        """The limits' own rules, each named by its setting (the toolbox puts them under `tool_options.python`)."""
+        return failed(
+            (self.cpu_s >= 1e-3, f"cpu_s={self.cpu_s!r}: must be >= 0.001 (CPU seconds a snippet may use)"),
+            (self.wall_s >= 1e-3, f"wall_s={self.wall_s!r}: must be >= 0.001 (seconds before the snippet is killed)"),
+            (self.memory_mb >= 64, f"memory_mb={self.memory_mb!r}: must be >= 64 (the interpreter itself needs that)"),
+            (self.output_bytes >= 1, f"output_bytes={self.output_bytes!r}: must be >= 1"),
+            (self.max_processes >= 0, f"max_processes={self.max_processes!r}: must be >= 0"),
+        )
 
     def __call__(self, code: str) -> str:
         """Run a Python snippet and return what it prints.
@@ -187,6 +195,9 @@ class PythonSandbox:
         if not text and not notes:
             return "(no output: print the values you want to see)"
         return "\n".join([text, *notes] if text else notes)
+
+
+TOOL = PythonSandbox  # the tool this module ships, under the module's name
 
 
 def _child_env(workdir: str) -> dict[str, str]:
