@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from grpo_pipe.trainer.batch import TrainSample, collate
+from grpo_pipe.trainer.packing import pack
 
 log = logging.getLogger(__name__)
 
@@ -61,18 +62,24 @@ def compile_layers(module: torch.nn.Module) -> None:
 
 
 def warm_up(module: torch.nn.Module, pad_id: int, device: torch.device,
-            autocast: Callable[[torch.device], AbstractContextManager[Any]], logits_to_keep: bool) -> None:
+            autocast: Callable[[torch.device], AbstractContextManager[Any]], logits_to_keep: bool,
+            packed: bool = False) -> None:
     """Compile now, in set-up, not in the first step: a model the compiler cannot take fails before any
     training, and step times (and a time-budgeted run's training minutes) are the steady state's.
 
-    Two micro-batches of width 2 + 6 = 8, as every compiled micro-batch is padded to a multiple of 8: one
-    without padding and one with, since a model's attention gets no mask or a mask, and each is a graph."""
+    Padded: two micro-batches of width 2 + 6 = 8, as every compiled micro-batch is padded to a multiple of 8: one
+    without padding and one with, since a model's attention gets no mask or a mask, and each is a graph. Packed: two
+    rows of 16 tokens (the attention takes no mask; the graph's sizes are symbolic from the start)."""
     started = time.perf_counter()
     for lengths in ((6, 6), (6, 5)):
         samples = [TrainSample((pad_id,) * 2, (pad_id,) * n, (0.0,) * n, 0.0, 0) for n in lengths]
-        batch = collate(samples, pad_id, device, COMPILED_WIDTH_MULTIPLE)
+        if packed:
+            row = pack(samples, device, COMPILED_WIDTH_MULTIPLE)
+            inputs = {**row.model_inputs(), "logits_to_keep": row.predicting}
+        else:
+            inputs = collate(samples, pad_id, device, COMPILED_WIDTH_MULTIPLE).model_inputs(logits_to_keep)
         with autocast(device):
-            logits = module(**batch.model_inputs(logits_to_keep)).logits
+            logits = module(**inputs).logits
         logits.float().mean().backward()
     module.zero_grad(set_to_none=True)
     log.info("Compiled the model's layers in %.1fs (trainer.precision.compile)", time.perf_counter() - started)

@@ -25,11 +25,15 @@ from grpo_pipe.config.errors import failed
 from grpo_pipe.interfaces import ChecksItsConfig, PolicyLoss
 from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_entropy, completion_logprobs, flatten
 from grpo_pipe.trainer.compiled import COMPILED_WIDTH_MULTIPLE, compile_layers, compile_on, warm_up
+from grpo_pipe.trainer.lm_head import causal_lm_parts, head_logprobs, logits_logprobs
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.mismatch import MismatchSums, mismatch_sums
+from grpo_pipe.trainer.packed_attention import packing_problem, use_packed_attention
+from grpo_pipe.trainer.packing import PackedBatch, pack, sequence_tokens, token_budget_cuts
 from grpo_pipe.trainer.precision import Precision
 from grpo_pipe.trainer.rng import restore_rng, rng_state
 from grpo_pipe.trainer.settings import BatchingSettings, OptimisationSettings, PrecisionSettings
+from grpo_pipe.trainer.throughput import ModelShape, peak_flops, throughput_metrics
 from grpo_pipe.types import LossStats, RolloutGroup
 
 log = logging.getLogger(__name__)
@@ -71,6 +75,13 @@ def micro_batches(count: int, size: int) -> list[range]:
     return [range(a, b) for a, b in zip(bounds, bounds[1:])]
 
 
+def default_max_tokens() -> int:
+    """Tokens per packed forward/backward when the config leaves it open: 16 k on a GPU (the size at which a plain
+    0.5B-1.5B training step reaches its best MFU on an H200, BENCHMARKS.md), 4 k on a CPU (about what 8 padded
+    sequences of the default job hold; more only costs memory there)."""
+    return 16384 if torch.cuda.is_available() else 4096
+
+
 def default_micro_batch_size() -> int:
     """Sequences per forward/backward when the config leaves it open. On a GPU the update is bound by
     kernel launches, not arithmetic: 16 halves its time against 8 on an H100 (0.5B); a CPU gains nothing
@@ -103,6 +114,12 @@ class GRPOTrainer:
         self.batching = batching
         self.precision = precision
         self.micro_batch_size = batching.micro_batch_size or default_micro_batch_size()  # resolved for this machine
+        self.max_tokens = batching.max_tokens or default_max_tokens()
+        self.packed = batching.packed  # may be turned off in setup for a model whose attention cannot pack
+        self.head: torch.nn.Module | None = None  # the lm head, run in chunks on the scored positions (packed)
+        self.decoder: torch.nn.Module | None = None  # the model below its head (packed)
+        self.shape: ModelShape | None = None  # for the FLOP count (train/mfu); None: the config lacks the numbers
+        self.peak: float | None = None  # the device's dense bf16 peak, FLOP/s; None: not known
         self.dtypes = Precision(torch.float32, None)  # resolved for the device in setup
         self.version = 0  # bumped by every step that applied at least one optimizer update
         self.bad_steps_in_a_row = 0
@@ -133,14 +150,45 @@ class GRPOTrainer:
         self.dtypes = Precision.resolve(self.precision.dtype, self.precision.autocast, device)
         self.policy.load(model_path, device, self.dtypes.weights)
         self.logits_to_keep = takes_logits_to_keep(self.policy.module)
+        self._set_up_packing()
+        self._set_up_throughput()
         if compile_on(self.precision.compile, device) and self.policy.module is not None:
             compile_layers(self.policy.module)
-            warm_up(self.policy.module, self.pad_id, device, self.dtypes.autocast, self.logits_to_keep)
+            warm_up(self.policy.module, self.pad_id, device, self.dtypes.autocast, self.logits_to_keep,
+                    packed=self.packed)
             self.width_multiple = COMPILED_WIDTH_MULTIPLE
         if self.loss.needs_reference:
             self.policy.keep_reference()
         self.optimizer = self.optimisation.make_optimizer(self.policy.trainable_parameters())
         self.scheduler = self.optimisation.make_scheduler(self.optimizer, self.steps)
+
+    def _set_up_packing(self) -> None:
+        """Packed micro-batches need the model's attention switched to the packed kind and its head apart from its
+        decoder; a model that cannot (sliding windows, logits that are more than the head's output) is trained on
+        padded micro-batches, and the log says why."""
+        module = self.policy.module
+        if not self.packed or module is None:
+            return
+        parts = causal_lm_parts(module)
+        why = packing_problem(getattr(module, "config", None)) if parts else "its logits are not its lm head's output"
+        if why is not None or parts is None:
+            log.warning("Padded micro-batches for this model: %s (trainer.batching.packed)", why)
+            self.packed = False
+            return
+        use_packed_attention(module)
+        if not is_sharded(module):  # a sharded root's hooks gather the head's weights: it runs whole (_policy_scores)
+            self.decoder, self.head = parts
+
+    def _set_up_throughput(self) -> None:
+        """The model's shape for the FLOP count and the device's peak, for `train/mfu`; either may be unknown."""
+        try:
+            self.shape = ModelShape.from_config(getattr(self.policy.module, "config", None))
+        except (AttributeError, TypeError, ValueError):
+            self.shape = None
+        name = torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else self.device.type
+        self.peak = peak_flops(name)
+        if self.peak is None:
+            log.info("train/mfu is not reported: the dense bf16 peak of %r is not known (trainer/throughput.py)", name)
 
     def close(self) -> None:
         """Nothing outside this process to release."""
@@ -198,7 +246,9 @@ class GRPOTrainer:
             grad_norms.append(grad_norm)
         if applied_any:
             self.version += 1
+        seconds = time.perf_counter() - started
         return {
+            **self._throughput(plan, seconds),
             **plan.metrics(),
             **passes[0],  # the loss and the mismatch as the batch found the policy
             "train/clip_fraction": sum(p["train/clip_fraction"] for p in passes) / len(passes),
@@ -206,8 +256,17 @@ class GRPOTrainer:
             "train/update_applied": float(applied_any),
             "train/skipped_updates_total": float(self.skipped_updates),
             "train/lr": self.scheduler.get_last_lr()[0],
-            "train/step_s": time.perf_counter() - started,
+            "train/step_s": seconds,
         }
+
+    def _throughput(self, plan: BatchPlan, seconds: float) -> dict[str, float]:
+        """`train/tokens_per_s` (prompt and completion tokens through forward and backward, every pass) and
+        `train/mfu` by the count in trainer/throughput.py."""
+        passes = self.optimisation.updates_per_batch
+        lengths = [sequence_tokens(s) for s in plan.active]
+        flops = self.shape.step_flops(lengths, sum(s.trained_tokens for s in plan.active)) if self.shape else 0.0
+        peak = self.peak if self.shape else None
+        return throughput_metrics(tokens=passes * sum(lengths), flops=passes * flops, seconds=seconds, peak=peak)
 
     def plan(self, groups: Sequence[RolloutGroup], rewards: Sequence[float]) -> BatchPlan:
         """Advantages, which completions get a loss, which of those need a forward pass, the normaliser."""
@@ -224,8 +283,9 @@ class GRPOTrainer:
         skip = self.batching.skip_zero_advantage and not self.loss.needs_every_sample
         active = [s for s in counted if s.advantage != 0.0 or not skip]
         # Similar lengths share a micro-batch, so padding stays small.
-        ordered = sorted(active, key=lambda s: len(s.prompt_ids) + len(s.completion_ids))
-        cuts = micro_batches(len(ordered), self.micro_batch_size)
+        ordered = sorted(active, key=sequence_tokens)
+        cuts = (token_budget_cuts(ordered, self.max_tokens) if self.packed
+                else micro_batches(len(ordered), self.micro_batch_size))
         # environment tokens are in no normaliser
         normaliser = self.loss.normaliser([s.trained_tokens for s in counted], micro_batches=len(cuts))
         return BatchPlan(ordered, normaliser, len(samples), len(samples) - len(counted), advantages, cuts=cuts)
@@ -237,34 +297,63 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         first_pass = not cache.proximal
         loss_sum, stats, mismatch = 0.0, [], MismatchSums()
+        bonus = self.loss.entropy_coef > 0  # the entropy is then a term of the loss, with its gradient
         for index, part in enumerate(plan.cuts):
-            batch = collate(plan.active[part.start : part.stop], self.pad_id, self.device, self.width_multiple)
+            samples = plan.active[part.start : part.stop]
+            batch = (pack(samples, self.device, self.width_multiple) if self.packed
+                     else collate(samples, self.pad_id, self.device, self.width_multiple))
             if first_pass:
                 cache.reference.append(self._reference_logprobs(batch, temperature))
-            with self.dtypes.autocast(self.device):
-                logits = module(**batch.model_inputs(self.logits_to_keep)).logits  # [B, T + 1 or P + T, V]
-            new_logprobs = completion_logprobs(logits, batch, temperature)  # [B, T]
-            bonus = self.loss.entropy_coef > 0  # the entropy is then a term of the loss, with its gradient
-            entropy = completion_entropy(logits, batch, temperature, grad=True) if bonus else None  # [B, T]
+            new_logprobs, entropy = self._policy_scores(batch, temperature, bonus, need_entropy=first_pass or bonus)
             if first_pass:  # the policy as the batch found it: the proximal reference of every later pass
                 cache.proximal.append(new_logprobs.detach())
-                seen = entropy.detach() if entropy is not None else completion_entropy(logits, batch, temperature)
+                assert entropy is not None
+                seen = entropy.detach()
                 clip = (self.loss.clip_low, self.loss.clip_high)
                 mismatch.add(mismatch_sums(new_logprobs, batch.sampling_logprobs, batch.completion_mask, clip, seen))
             loss, step_stats = self.loss(
                 new_logprobs, batch.sampling_logprobs, batch.advantages, batch.completion_mask,
                 plan.normaliser, ref_logprobs=cache.reference[index], proximal_logprobs=cache.proximal[index],
-                entropy=entropy,
+                entropy=entropy if bonus else None,
             )
             loss.backward()
             loss_sum += float(loss.detach())
             stats.append(step_stats)
         return {"train/loss": loss_sum, **loss_metrics(stats), **(mismatch.metrics() if first_pass else {})}
 
-    def _reference_logprobs(self, batch: MicroBatch, temperature: float) -> torch.Tensor | None:
+    def _policy_scores(self, batch: MicroBatch | PackedBatch, temperature: float, entropy_grad: bool,
+                       need_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The policy's log-probs of the completion tokens and its entropy at them, [B, T] each, zero where nothing
+        is scored; the entropy has a gradient only with `entropy_grad` (the entropy bonus). Packed, the entropy
+        comes with the log-probs from the same chunk of logits; padded, only when `need_entropy`."""
+        module = self.policy.module
+        assert module is not None
+        if isinstance(batch, PackedBatch):
+            with self.dtypes.autocast(self.device):
+                if self.decoder is not None and self.head is not None:
+                    hidden = self.decoder(**batch.model_inputs()).last_hidden_state  # [1, N, H]
+                    scored = hidden[0].index_select(0, batch.predicting)  # [M, H]
+                    logprobs, entropy = head_logprobs(scored, self.head, batch.targets, temperature, entropy_grad)
+                else:  # the whole model, its head on the scored positions only
+                    inputs = {**batch.model_inputs(), "logits_to_keep": batch.predicting}
+                    logits = module(**inputs).logits[0]  # [M, V]
+                    logprobs, entropy = logits_logprobs(logits, batch.targets, temperature, entropy_grad)  # [M]
+            return batch.scatter(logprobs), batch.scatter(entropy)
+        with self.dtypes.autocast(self.device):
+            logits = module(**batch.model_inputs(self.logits_to_keep)).logits  # [B, T + 1 or P + T, V]
+        new_logprobs = completion_logprobs(logits, batch, temperature)  # [B, T]
+        if not need_entropy:
+            return new_logprobs, None
+        return new_logprobs, completion_entropy(logits, batch, temperature, grad=entropy_grad)
+
+    def _reference_logprobs(self, batch: MicroBatch | PackedBatch, temperature: float) -> torch.Tensor | None:
         if not self.loss.needs_reference:
             return None
         with torch.no_grad(), self.dtypes.autocast(self.device):
+            if isinstance(batch, PackedBatch):  # the frozen model's head on the scored positions only
+                inputs = {**batch.model_inputs(), "logits_to_keep": batch.predicting}
+                logits = self.policy.reference_logits(inputs)[0]  # [M, V]
+                return batch.scatter(logits_logprobs(logits, batch.targets, temperature)[0])  # [B, T]
             logits = self.policy.reference_logits(batch.model_inputs(self.logits_to_keep))
             return completion_logprobs(logits, batch, temperature)  # [B, T]
 
@@ -314,6 +403,13 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return True, grad_norm
+
+
+def is_sharded(module: torch.nn.Module) -> bool:
+    """Whether `module` is sharded by FSDP (its forward must be entered at the root, whose hooks gather weights)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
 
 
 def non_finite_gradients(module: torch.nn.Module | None, shown: int = 4) -> str:

@@ -59,16 +59,24 @@ class OptimisationSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class BatchingSettings:
-    """How a batch is cut into forward/backward passes; gradients accumulate to the whole batch either way."""
+    """How a batch is cut into forward/backward passes; gradients accumulate to the whole batch either way.
 
-    micro_batch_size: int | None = None  # sequences per forward/backward; None: the device's default
+    Packed (the default): the length-sorted completions are laid end to end, each with its prompt, in micro-batches of
+    at most `max_tokens` tokens, no padding. Padded (`packed: false`): `micro_batch_size` rows each, padded to the
+    widest; kept for models whose attention cannot take packed rows (sliding windows) and to compare."""
+
+    packed: bool = True  # sequences end to end in token-budgeted micro-batches (trainer/packing.py); False: padded rows
+    max_tokens: int | None = None  # packed: tokens per forward/backward; None: the device's default
+    micro_batch_size: int | None = None  # padded: sequences per forward/backward; None: the device's default
     skip_zero_advantage: bool = True  # completions with zero advantage add no gradient: their passes are skipped
 
     def config_problems(self) -> list[str]:
-        size = self.micro_batch_size
+        size, budget = self.micro_batch_size, self.max_tokens
         return failed(
             (size is None or size >= 1,
              f"trainer.batching.micro_batch_size={size}: must be >= 1, or null for the device's default"),
+            (budget is None or budget >= 64,
+             f"trainer.batching.max_tokens={budget}: must be >= 64, or null for the device's default"),
         )
 
 

@@ -1,0 +1,115 @@
+"""Packed micro-batches (`trainer.batching.max_tokens`): sequences laid end to end in one row, no padding.
+
+Each sequence (its prompt, then its completion) keeps its own positions, counted from 0 as the engine counted them,
+and attends only to itself: the attention (trainer/packed_attention.py) reads the sequences' bounds from
+`cu_seq_lens`, as FlashAttention's variable-length kernels do. The loss still sees [B, T] tensors, one row per
+completion, exactly as with padded micro-batches: only the model's input changes, so the loss family, the mismatch
+metrics and the optimizer are the same code on either layout.
+
+Why: a padded micro-batch of RL sequences (prompts 60-250 tokens, completions 20-512) spends much of its compute on
+padding, and a micro-batch cut by a sequence count holds few tokens when they are short and too many when they are
+long. A token budget gives every forward/backward the same amount of work, the size the card runs well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpo_pipe.trainer.batch import TrainSample
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackedBatch:
+    """One packed micro-batch: B sequences of lengths L_i in one row of N = sum L_i tokens."""
+
+    input_ids: torch.Tensor  # [1, N] every sequence's prompt then completion, end to end
+    position_ids: torch.Tensor  # [1, N] restarting at 0 with each sequence
+    cu_seq_lens: torch.Tensor  # [B + 1] int32 where each sequence starts in the row, then N
+    max_length: int  # the longest L_i
+    predicting: torch.Tensor  # [M] the row positions whose outputs predict the scored tokens (M = completion_mask.sum())
+    targets: torch.Tensor  # [M] the scored tokens, the ones the engine sampled
+    completion_mask: torch.Tensor  # [B, T] 1 on completion tokens the model sampled (0 on padding, environment tokens)
+    sampling_logprobs: torch.Tensor  # [B, T]
+    advantages: torch.Tensor  # [B]
+
+    def model_inputs(self) -> dict[str, Any]:
+        """Keyword arguments of the decoder's forward: no attention mask (the bounds say who sees whom), no cache.
+
+        `cu_seq_lens_q/k` and `max_length_q/k` are the names Hugging Face models pass through to their attention
+        function (its FlashAttention keyword arguments)."""
+        return dict(input_ids=self.input_ids, position_ids=self.position_ids, use_cache=False,
+                    cu_seq_lens_q=self.cu_seq_lens, cu_seq_lens_k=self.cu_seq_lens,
+                    max_length_q=self.max_length, max_length_k=self.max_length)
+
+    def scatter(self, values: torch.Tensor) -> torch.Tensor:
+        """[M] values of the scored tokens -> [B, T], zero where nothing is scored (differentiable)."""
+        out = torch.zeros(self.completion_mask.shape, dtype=values.dtype, device=values.device)  # [B, T]
+        return out.masked_scatter(self.completion_mask.bool(), values)
+
+
+def sequence_tokens(sample: TrainSample) -> int:
+    """Tokens a sample puts in a packed row: its prompt and its completion."""
+    return len(sample.prompt_ids) + len(sample.completion_ids)
+
+
+def token_budget_cuts(samples: Sequence[TrainSample], max_tokens: int) -> list[range]:
+    """Consecutive runs of `samples` of at most `max_tokens` tokens each (a longer sequence is a micro-batch alone).
+    The samples come sorted by length, so each micro-batch holds sequences of similar length."""
+    cuts: list[range] = []
+    start, used = 0, 0
+    for index, sample in enumerate(samples):
+        size = sequence_tokens(sample)
+        if index > start and used + size > max_tokens:
+            cuts.append(range(start, index))
+            start, used = index, 0
+        used += size
+    if start < len(samples):
+        cuts.append(range(start, len(samples)))
+    return cuts
+
+
+def pack(samples: Sequence[TrainSample], device: torch.device, width_multiple: int = 1) -> PackedBatch:
+    """Lay `samples` end to end. `width_multiple`: the row is filled up to a multiple of it with one more sequence
+    of repeated padding tokens that nothing scores (compiled layers ask for 8, as for padded micro-batches)."""
+    ids: list[int] = []
+    positions: list[int] = []
+    starts: list[int] = [0]
+    predicting: list[int] = []
+    targets: list[int] = []
+    width = max(max(len(s.completion_ids) for s in samples), 1)
+    completion_mask = torch.zeros((len(samples), width), dtype=torch.float32)
+    logprobs = torch.zeros((len(samples), width), dtype=torch.float32)
+    for row, sample in enumerate(samples):
+        begin, prompt = len(ids), len(sample.prompt_ids)
+        ids += [*sample.prompt_ids, *sample.completion_ids]
+        positions += range(len(ids) - begin)
+        starts.append(len(ids))
+        count = len(sample.completion_ids)
+        mask = sample.loss_mask if sample.loss_mask is not None else (True,) * count
+        for t, scored in enumerate(mask):  # the output at the token before t predicts completion token t
+            if scored:
+                predicting.append(begin + prompt + t - 1)
+                targets.append(sample.completion_ids[t])
+        completion_mask[row, :count] = torch.tensor(mask, dtype=torch.float32)
+        logprobs[row, :count] = torch.tensor(sample.sampling_logprobs, dtype=torch.float32)
+    fill = -len(ids) % width_multiple
+    if fill:  # a sequence of its own, so it changes no real sequence's attention
+        ids += [ids[-1]] * fill
+        positions += range(fill)
+        starts.append(len(ids))
+    lengths = [b - a for a, b in zip(starts, starts[1:])]
+    return PackedBatch(
+        input_ids=torch.tensor([ids], dtype=torch.long).to(device),
+        position_ids=torch.tensor([positions], dtype=torch.long).to(device),
+        cu_seq_lens=torch.tensor(starts, dtype=torch.int32).to(device),
+        max_length=max(lengths),
+        predicting=torch.tensor(predicting, dtype=torch.long).to(device),
+        targets=torch.tensor(targets, dtype=torch.long).to(device),
+        completion_mask=completion_mask.to(device),
+        sampling_logprobs=logprobs.to(device),
+        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
+    )
