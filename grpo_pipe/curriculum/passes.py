@@ -13,8 +13,8 @@ class ShuffledPasses:
     """Every task once per pass, in an order derived from (seed, pass) alone: a resumed run sees exactly
     the order the uninterrupted one would have."""
 
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
+    def __init__(self, seed: int | tuple[int, ...]) -> None:
+        self.seed = seed  # a number, or several (a curriculum's seed and a level: passes of their own per level)
         self.tasks: list[Task] = []
         self.pass_index = 0
         self.position = 0  # tasks of the current pass already taken
@@ -43,4 +43,5 @@ class ShuffledPasses:
             self._order = self._permutation()
 
     def _permutation(self) -> np.ndarray:
-        return np.random.default_rng([self.seed, self.pass_index]).permutation(len(self.tasks))
+        seeds = list(self.seed) if isinstance(self.seed, tuple) else [self.seed]
+        return np.random.default_rng([*seeds, self.pass_index]).permutation(len(self.tasks))

@@ -28,6 +28,7 @@ from grpo_pipe.interfaces.rewards import (
     reads_request_timestamps,
 )
 from grpo_pipe.interfaces.sources import (
+    ChecksTasks,
     Curriculum,
     ModelSource,
     ProvidesRollouts,
@@ -45,6 +46,7 @@ __all__ = [
     "AdapterPolicy",
     "CheckpointStore",
     "ChecksItsConfig",
+    "ChecksTasks",
     "Curriculum",
     "EpisodeRunner",
     "ProvidesRollouts",

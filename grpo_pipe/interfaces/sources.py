@@ -73,6 +73,16 @@ class Curriculum(Protocol):
 
 
 @runtime_checkable
+class ChecksTasks(Protocol):
+    """A curriculum that needs something of every train task (a length in its metadata): checked on the loaded data
+    beside the data's own problems, so a mismatch is one line of the one error list before the engine starts."""
+
+    def task_problems(self, tasks: Sequence[Task]) -> list[str]:
+        """One line per problem, naming the curriculum's setting; empty when fine."""
+        ...
+
+
+@runtime_checkable
 class RolloutSource(Protocol):
     """Keeps the engine generating the batches the trainer takes next, within a staleness bound; every group
     it submits ends trained, dropped or in flight (`ledger`)."""

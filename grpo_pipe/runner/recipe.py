@@ -24,6 +24,7 @@ from grpo_pipe.episodes.transcripts import write_episode_page
 from grpo_pipe.evaluation.held_out import fit_held_out
 from grpo_pipe.evaluation.schedule import HeldOutEvaluation
 from grpo_pipe.interfaces import (
+    ChecksTasks,
     HasSourceFiles,
     ProvidesRollouts,
     ReportsEvaluations,
@@ -343,14 +344,17 @@ class GRPORecipe:
 
 
 def check_data_and_reward(parts: Components, train: Sequence[Task], held_out: Sequence[Task]) -> None:
-    """What only the loaded data can tell: too many broken rows, a held-out split smaller than asked for, and
-    a user's reward function that fails on real rows (tried on four, with a placeholder completion)."""
+    """What only the loaded data can tell: too many broken rows, a held-out split smaller than asked for, a user's
+    reward function that fails on real rows (tried on four, with a placeholder completion), and train tasks a
+    curriculum cannot place."""
     problems = [] if train else ["data: the train split is empty (check data.* settings and the skipped-row warnings)"]
     bad = bad_rows_problem(list(parts.data.skipped), len(train) + len(held_out), parts.data.max_bad_fraction)
     if bad:
         problems.append(bad)
     if isinstance(parts.reward, TriesOnTasks):
         problems += [f"reward.{problem}" for problem in parts.reward.try_on(train[:4])]
+    if isinstance(parts.curriculum, ChecksTasks):
+        problems += [f"curriculum.{problem}" for problem in parts.curriculum.task_problems(train)]
     if problems:
         raise InputError(problems)
     if len(held_out) < parts.run.eval_size:
