@@ -32,6 +32,8 @@ class EndSweepRun(Callback):
             resolve_tracking_uri,
             run_link,
         )
+        from grpo_pipe.tracking.sweep_runs import swept_keys
+        from grpo_pipe.tracking.verdict import verdict
 
         client = MlflowClient(tracking_uri=resolve_tracking_uri(config.logger.get("tracking_uri")))
         experiment = client.get_experiment_by_name(config.logger.experiment)
@@ -41,14 +43,18 @@ class EndSweepRun(Callback):
         query = f"tags.`{SWEEP_TAG}` = '{sweep_dir}' and tags.`{ROLE_TAG}` = 'parent'"
         for run in client.search_runs([experiment.experiment_id], filter_string=query):
             parent_id = run.info.run_id
+            answer = None
             try:
                 _log_sweep_files(client, parent_id, Path(sweep_dir))
-                write_comparison(client, parent_id)
+                children = write_comparison(client, parent_id)
+                answer = verdict(children, swept_keys(children))
             except Exception:
                 log.exception("Comparison of sweep %s failed; retry: python -m grpo_pipe.report %s", sweep_dir, parent_id)
             client.set_terminated(parent_id, status="FINISHED")
-            # The link on a line of its own (print, not the console log): a terminal or a pipe keeps it whole.
-            print(f"Sweep finished; its comparison is on the parent run:\n"
+            # The answer and the link on lines of their own (print, not the console log): a terminal or a pipe keeps
+            # them whole, and the answer is read where the sweep ran, not only on the parent run.
+            print(f"Sweep finished: {answer.text if answer is not None else 'no run logged its objective.'}\n"
+                  "Its comparison is on the parent run:\n"
                   f"{describe_store(str(client.tracking_uri), experiment.name, experiment.experiment_id, parent_id)}"
                   f"\n  the parent run: {run_link(str(client.tracking_uri), experiment.experiment_id, parent_id)}",
                   flush=True)

@@ -159,3 +159,22 @@ def test_a_shared_first_place_is_reported_as_a_tie(sweep) -> None:
     assert best is not None
     assert best_label(children, best) == "tie: " + ", ".join(c.label for c in children)
     assert best_label(children[:1], children[0]) == children[0].label
+
+
+def test_a_finished_sweep_prints_its_answer_in_the_terminal_too(sweep, capsys) -> None:
+    from omegaconf import OmegaConf
+
+    from grpo_pipe.tracking.sweep_callback import EndSweepRun
+
+    client, parent_id, sweep_dir = sweep
+    config = OmegaConf.create({
+        "logger": {"_target_": "grpo_pipe.tracking.mlflow_tracker.MlflowTracker", "tracking_uri": client.tracking_uri,
+                   "experiment": "grpo_pipe"},
+        "hydra": {"sweep": {"dir": str(sweep_dir)}},
+    })
+    EndSweepRun().on_multirun_end(config)
+    printed = capsys.readouterr().out
+    answer = client.get_run(parent_id).data.tags["grpo_pipe.verdict"]
+    assert printed.startswith(f"Sweep finished: {answer}\n") and "margin unknown" in answer, printed
+    assert printed.splitlines()[0].startswith("Sweep finished: weight_bridge=lora leads on eval/accuracy by 0.25")
+    assert client.get_run(parent_id).info.status == "FINISHED"
