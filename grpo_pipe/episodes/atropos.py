@@ -44,14 +44,23 @@ from grpo_pipe.types import Completion, GeneratedBatch, Ledger, SamplingSettings
 log = logging.getLogger(__name__)
 
 
+def as_written(item: str | int | float | bool) -> str:
+    """A command-line item as the config wrote it: YAML reads `64` as a number and `true` as a boolean, a process
+    takes text."""
+    if isinstance(item, bool):
+        return "true" if item else "false"
+    return str(item)
+
+
 class AtroposEnvironment:
     """Atropos environments as the run's source of scored groups (see the module docstring)."""
 
-    def __init__(self, *, environments: Sequence[Sequence[str]] = (), api_url: str | None = None,
+    def __init__(self, *, environments: Sequence[Sequence[str | int | float | bool]] = (), api_url: str | None = None,
                  groups_per_step: int = 32, group_size: int = 8, batch_timeout_s: float = 600.0,
                  max_restarts: int = 3, model_name: str = "grpo_pipe", poll_s: float = 0.5,
                  report_every_s: float = 30.0, eval_every: int | None = None, python: str | None = None) -> None:
-        self.environments = [list(e) for e in environments]  # e.g. [[my_env.py, serve, --env.max_token_length, "512"]]
+        # e.g. [[my_env.py, serve, --env.max_token_length, 512]]: a number (or true/false) is passed on as written
+        self.environments = [[as_written(item) for item in command] for command in environments]
         self.groups_per_step, self.group_size = groups_per_step, group_size  # a batch: groups x samples per group
         self.api_url = api_url  # a running run-api to attach to; None: the run starts one on 127.0.0.1
         self.batch_timeout_s = batch_timeout_s

@@ -97,3 +97,19 @@ def test_an_evaluation_cadence_atroposlib_would_never_fire_is_refused_before_any
 @pytest.mark.parametrize(("max_staleness", "depth"), [(0, "1"), (1, "2"), (3, "4")])
 def test_environments_sample_no_deeper_ahead_than_the_trainer_can_use(max_staleness: int, depth: str) -> None:
     assert suggested_settings(max_staleness) == {"env.max_batches_offpolicy": depth}
+
+
+def test_a_number_or_a_flag_in_an_environments_command_is_passed_on_as_written(compose_cfg, tmp_path) -> None:
+    from grpo_pipe.config.validate import validate_config
+    from grpo_pipe.episodes.atropos import AtroposEnvironment
+    from grpo_pipe.runner.components import PLAIN_KEYS, VALIDATED_GROUPS
+
+    script = tmp_path / "env.py"
+    script.write_text("")
+    cfg = compose_cfg(["environment=atropos", "reward=environment",
+                       f"environment.environments=[[{script},serve,--env.max_new_tokens,64,--env.greedy,true,--env.t,0.5]]"])
+    validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)  # raises ConfigError on "expected a string"
+    environment = AtroposEnvironment(environments=cfg.environment.environments)
+    assert environment.environments == [[str(script), "serve", "--env.max_new_tokens", "64", "--env.greedy", "true",
+                                         "--env.t", "0.5"]]
+    assert environment.config_problems() == []
