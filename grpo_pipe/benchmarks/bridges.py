@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from grpo_pipe.bridges.broadcast import BroadcastBridge
 from grpo_pipe.bridges.contract import configured_bridges, push_weights
+from grpo_pipe.bridges.nccl import BroadcastBridge
 from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.models.random_architecture import benchmark_model
 from grpo_pipe.rollout.engine_settings import FeatureSettings, LayoutSettings, MemorySettings
@@ -174,7 +174,7 @@ def _limit(name: str, bridge: Any, nbytes: int, median_s: float, cold_start_s: f
 
 def raw_broadcast(bridge: BroadcastBridge, nbytes: int) -> None:
     """One flat broadcast of `nbytes` to the same engine worker, through the same group."""
-    from grpo_pipe.bridges.broadcast import _Call
+    from grpo_pipe.bridges.nccl import _Call
     from grpo_pipe.transport.collective import broadcast
 
     engine = bridge.engine

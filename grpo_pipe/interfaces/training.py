@@ -9,7 +9,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from grpo_pipe.interfaces.engines import RolloutEngine
-from grpo_pipe.interfaces.weights import Policy, WeightBridge
+from grpo_pipe.interfaces.weights import Policy
 from grpo_pipe.types import (
     LossStats,
     RolloutGroup,
@@ -135,7 +135,7 @@ class Placement(Protocol):
         """Replace engines that died (after a back-off), or raise when that is not possible or too often."""
         ...
 
-    def check(self, trainer: Trainer, bridge: WeightBridge) -> list[str]:
+    def check(self, trainer: Trainer) -> list[str]:
         """What this machine or cluster cannot give the configured trainer and engines (GPUs, a reachable
         Ray cluster, a trainer kind this placement cannot host); checked before anything loads."""
         ...

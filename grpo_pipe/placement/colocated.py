@@ -26,7 +26,7 @@ class ColocatedPlacement:
     def place(self, engine: RolloutEngine) -> RolloutEngine:
         return engine  # the engine lives right here, in the trainer's process
 
-    def check(self, trainer: object, bridge: object) -> list[str]:
+    def check(self, trainer: object) -> list[str]:
         if isinstance(trainer, ShardedTraining):
             return [
                 f"trainer.world_size={trainer.world_size} with placement=colocated: the sharded trainer's ranks run "

@@ -71,7 +71,7 @@ class SplitPlacement:
         self.fleet = RayEngineFleet(engine, self._start_actors)
         return self.fleet
 
-    def check(self, trainer: object, bridge: object) -> list[str]:
+    def check(self, trainer: object) -> list[str]:
         """What this machine or cluster cannot give (GPUs, a reachable Ray cluster); checked before anything loads."""
         problems = []
         if self.ray_address not in (None, "auto"):

@@ -14,6 +14,9 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+# The LoRARequest path of an adapter a bridge built inside the worker from memory (`weight_bridge=lora`): no folder exists.
+IN_MEMORY_PREFIX = "in-memory:"
+
 
 class AdapterLeases:
     def __init__(self) -> None:

@@ -17,7 +17,7 @@ import torch
 
 from grpo_pipe.dtypes import DTYPES, DtypeName
 from grpo_pipe.rollout import vllm_fixes
-from grpo_pipe.rollout.adapter_leases import AdapterLeases
+from grpo_pipe.rollout.adapter_leases import IN_MEMORY_PREFIX, AdapterLeases
 from grpo_pipe.rollout.background import BackgroundGenerator, BackgroundRollout
 from grpo_pipe.rollout.engine_options import (
     fastest_in_process,
@@ -312,8 +312,6 @@ class VllmEngine:
     def serve_adapter(self, name: str, adapter_id: int) -> None:
         """Serve every following request with an adapter the workers already hold (built from memory)."""
         from vllm.lora.request import LoRARequest
-
-        from grpo_pipe.rollout.worker_adapters import IN_MEMORY_PREFIX
 
         self.adapters.serve(LoRARequest(lora_name=name, lora_int_id=adapter_id, lora_path=IN_MEMORY_PREFIX + name))
 

@@ -85,7 +85,7 @@ def build(cfg: DictConfig) -> Components:
     problems += generate_in_background_if_ahead(configured, parts.rollout is configured, parts)
     run_episodes_in_background_if_ahead(parts)
     problems += parts.weight_bridge.check(parts.rollout, parts.trainer.policy)
-    problems += parts.placement.check(parts.trainer, parts.weight_bridge)  # GPUs, cluster, trainer kind
+    problems += parts.placement.check(parts.trainer)  # GPUs, cluster, trainer kind
     if problems:
         raise ConfigError(problems)
     return parts

@@ -1,4 +1,4 @@
-"""LoRA hot-swap: at each sync the running engine switches to the newly trained adapter.
+"""LoRA hot-swap (`weight_bridge=lora`): at each sync the running engine switches to the newly trained adapter.
 
 The base weights never move; only the adapter (a few MB) does, and the engine is never restarted.
 Two transports (`transport`):
@@ -22,6 +22,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -32,7 +33,7 @@ from grpo_pipe.bridges.shared_memory import SharedBuckets, map_buckets
 from grpo_pipe.config.errors import failed
 from grpo_pipe.interfaces import AdapterEngine, AdapterPolicy, MemoryAdapterEngine
 from grpo_pipe.models.files import folder_bytes, replace_atomically
-from grpo_pipe.rollout import worker_adapters
+from grpo_pipe.rollout.adapter_leases import IN_MEMORY_PREFIX
 from grpo_pipe.rollout.worker_extension import EngineWorker, worker_extension
 from grpo_pipe.runtime import env
 from grpo_pipe.transport.collective import plan_buckets
@@ -191,7 +192,7 @@ class AdapterReceiver(EngineWorker):
         """Map the trainer's adapter buffer and keep peft's adapter config (once per connect); refuses
         an adapter on modules this engine cannot apply LoRA to, as vLLM's folder loader would."""
         flats, views = map_buckets(handles, wire_plan)
-        unexpected = worker_adapters.unexpected_modules(self, [name for name, _ in views])
+        unexpected = _unexpected_modules(self, [name for name, _ in views])
         if unexpected:
             raise ValueError(f"this engine cannot apply LoRA to {unexpected[:5]} ({len(unexpected)} adapter tensors)")
         self._grpo_adapter_flats, self._grpo_adapter, self._grpo_adapter_config = flats, views, config
@@ -201,7 +202,7 @@ class AdapterReceiver(EngineWorker):
         the trainer refills the buffer at the next sync while this adapter may still serve requests."""
         started = time.perf_counter()
         tensors = {n: t.clone() for n, t in self._grpo_adapter}
-        worker_adapters.add_adapter(self, name, adapter_id, tensors, self._grpo_adapter_config)
+        _add_adapter(self, name, adapter_id, tensors, self._grpo_adapter_config)
         if self._grpo_adapter and self._grpo_adapter[0][1].is_cuda:
             torch.cuda.synchronize()  # the copies out of the buffer are done before the trainer refills it
         return {"load_s": time.perf_counter() - started}
@@ -210,3 +211,77 @@ class AdapterReceiver(EngineWorker):
         for attr in ("_grpo_adapter", "_grpo_adapter_flats", "_grpo_adapter_config"):
             if hasattr(self, attr):
                 delattr(self, attr)
+
+
+# -- inside the worker: adapters built from tensors it already holds (no adapter folder) --------------------------
+# vLLM's own adapter loading reads a folder (`adapter_config.json` + safetensors). Everything after the read is vLLM's:
+# the same config check, name mapping and `LoRAModel.from_lora_tensors` its folder loader ends in, and its own
+# `add_lora` (cache, eviction, activation into the GPU slots); only where the tensors come from differs. `manager` is
+# the worker's LoRA manager (vLLM's `LRUCacheWorkerLoRAManager`); `worker` is vLLM's worker object.
+
+
+def _manager(worker: Any) -> Any:
+    manager = getattr(worker.model_runner, "lora_manager", None)
+    if manager is None:
+        raise RuntimeError("the engine was started without LoRA (enable_lora)")
+    return manager
+
+
+def _expected_modules(manager: Any) -> set[str]:
+    """Module names an adapter may target in this model, as vLLM's folder loader computes them."""
+    adapters = manager._adapter_manager
+    expected: set[str] = set()
+    for module in adapters.supported_lora_modules:
+        expected.update(adapters.packed_modules_mapping.get(module, [module]))
+    return expected
+
+
+def _unexpected_modules(worker: Any, names: Sequence[str]) -> list[str]:
+    """Adapter tensor names whose module this engine cannot apply LoRA to (vLLM's folder loader refuses them)."""
+    from vllm.lora.utils import parse_fine_tuned_lora_name
+
+    expected = _expected_modules(_manager(worker))
+    return [n for n in names if parse_fine_tuned_lora_name(n)[0].rsplit(".", 1)[-1] not in expected]
+
+
+def _weights_mapper(model: Any) -> Any:
+    mapper = getattr(model, "hf_to_vllm_mapper", None)
+    if mapper is None:
+        return None
+    # The renames only (qkv / gate_up packing is the LoRA manager's job); vLLM renamed this method in 0.27.
+    unstack = getattr(mapper, "get_unstacked_mapper", None) or mapper.get_rename_mapper
+    return unstack()
+
+
+def _adapter_from_tensors(manager: Any, adapter_id: int, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> Any:
+    """vLLM's `LoRAModel` for peft-named `tensors` and peft's adapter `config` (what adapter_config.json holds)."""
+    from vllm.lora.peft_helper import PEFTHelper
+
+    peft_helper: Any = PEFTHelper  # vLLM leaves from_dict's argument untyped
+    helper = peft_helper.from_dict({**config, "vllm_max_position_embeddings": manager.max_position_embeddings})
+    helper.validate_legal(manager.lora_config)
+    model = manager._adapter_manager.model
+    device = next(iter(tensors.values())).device
+    return manager._lora_model_cls.from_lora_tensors(
+        adapter_id, tensors, helper, device=str(device), dtype=manager.lora_config.lora_dtype,
+        model_vocab_size=manager.vocab_size, weights_mapper=_weights_mapper(model),
+        skip_prefixes=getattr(model, "lora_skip_prefixes", None),
+    )
+
+
+def _add_adapter(worker: Any, name: str, adapter_id: int, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    """Register the adapter under `adapter_id` through vLLM's own `add_lora`; requests then name it with
+    `LoRARequest(name, adapter_id, IN_MEMORY_PREFIX + name)`."""
+    from vllm.lora.request import LoRARequest
+
+    manager = _manager(worker)
+    request = LoRARequest(lora_name=name, lora_int_id=adapter_id, lora_path=IN_MEMORY_PREFIX + name)
+
+    def build(_request: Any) -> Any:  # what vLLM's manager calls instead of reading a folder
+        return _adapter_from_tensors(manager, adapter_id, tensors, config)
+
+    manager._load_adapter = build  # an instance attribute, for this call only: the class's method is untouched
+    try:
+        worker.add_lora(request)
+    finally:
+        del manager._load_adapter

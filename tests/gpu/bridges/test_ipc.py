@@ -1,5 +1,5 @@
 """weight_bridge=ipc on a GPU: the engine reads the trainer's own storage, nothing is copied (the refusal on a
-machine without one: tests/integration/bridges/test_cuda_ipc.py)."""
+machine without one: tests/integration/bridges/test_ipc.py)."""
 
 import torch
 

@@ -1,5 +1,5 @@
 """weight_bridge=ipc on a machine without a GPU: refused when the config is checked, naming the bridges that work
-(the bridge itself: tests/gpu/bridges/test_cuda_ipc.py)."""
+(the bridge itself: tests/gpu/bridges/test_ipc.py)."""
 
 import os
 import subprocess

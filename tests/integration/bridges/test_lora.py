@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from grpo_pipe.bridges.contract import push_weights
-from grpo_pipe.bridges.lora_hotswap import LoraHotSwapBridge
+from grpo_pipe.bridges.lora import LoraHotSwapBridge
 from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.interfaces import AdapterEngine, MemoryAdapterEngine
 from grpo_pipe.runner.pipeline import build

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from grpo_pipe.bridges.broadcast import BroadcastBridge
+from grpo_pipe.bridges.nccl import BroadcastBridge
 from grpo_pipe.interfaces import SendingPolicy
 from grpo_pipe.trainer.errors import TrainerLost
 
