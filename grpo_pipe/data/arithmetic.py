@@ -98,7 +98,7 @@ class ArithmeticTasks:
                                       arrange=by_length_in_turn, name="arithmetic")
 
     def config_problems(self) -> list[str]:
-        allowed = "allowed: a count >= 2, or [low, high] with 2 <= low <= high"
+        allowed = "must be >= 2, or a range [low, high] with 2 <= low <= high"
         return failed(
             (min(lengths(self.terms), default=0) >= 2, f"data.terms={self.terms}: {allowed}"),
             (self.eval_terms is None or min(lengths(self.eval_terms), default=0) >= 2,
