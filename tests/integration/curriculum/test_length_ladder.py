@@ -6,8 +6,10 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from mlflow.tracking import MlflowClient
 
+from grpo_pipe.config.errors import InputError
 from grpo_pipe.runner.pipeline import JobContext, run
 
 
@@ -42,3 +44,12 @@ def test_a_run_climbs_from_short_to_long_tasks_and_reports_every_held_out_length
     page = Path(client.download_artifacts(result.run_id, "episodes/step-0.md", str(tmp_path))).read_text()
     shown = re.findall(r"\*\*Task:\*\* (.+)", page)
     assert sorted(_terms(q) for q in shown[:3]) == [2, 3, 4]
+
+
+def test_the_ladder_on_tasks_without_a_length_is_refused_before_anything_loads(compose_cfg, tmp_path: Path) -> None:
+    cfg = compose_cfg(["curriculum=length_ladder"])  # the default data, reasoning-gym, says no task's length
+    with pytest.raises(InputError) as refused:
+        run(cfg, JobContext(output_dir=tmp_path, run_name="ladder"))
+    assert [p.split(":", 1)[0] for p in refused.value.problems] == ["curriculum.key='operations'"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    assert client.search_runs([e.experiment_id for e in client.search_experiments()]) == []  # before the tracked run
