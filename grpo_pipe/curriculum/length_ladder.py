@@ -54,13 +54,10 @@ class LengthLadderCurriculum:
         ema_decay: float = 0.7,
         seed: int = 0,
     ) -> None:
-        self.prompts_per_step = prompts_per_step
-        self.samples_per_prompt = samples_per_prompt
-        self.key = key
-        self.solved_at = solved_at
-        self.advance_at = advance_at
-        self.min_prompts = min_prompts
-        self.ema_decay = ema_decay
+        self.prompts_per_step, self.samples_per_prompt = prompts_per_step, samples_per_prompt
+        self.key = key  # the metadata key of a task's level
+        # when a completion passes, and when the next level joins
+        self.solved_at, self.advance_at, self.min_prompts, self.ema_decay = solved_at, advance_at, min_prompts, ema_decay
         self.seed = seed
         self.levels: list[float] = []  # [L] the key's values, ascending
         self.passes: list[ShuffledPasses] = []  # [L] each level's tasks in shuffled passes
