@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.evaluation.by_group import in_turn
 from grpo_pipe.evaluation.held_out import EvalPlan, evaluate_completions
 from grpo_pipe.interfaces import CheckpointStore, EpisodeRunner, Reward, RolloutEngine
 from grpo_pipe.types import Completion, Task
@@ -41,10 +40,8 @@ class HeldOutEvaluation:
         export_best: Callable[[Path], None],
         episodes: EpisodeRunner | None = None,
     ) -> None:
-        # Groups of tasks (lengths) take turns: the few episodes shown to people hold one of each.
-        pairs = in_turn(list(zip(prompts, tasks)), tasks)
-        self.prompts = [prompt for prompt, _ in pairs]
-        self.tasks = [task for _, task in pairs]
+        self.prompts = list(prompts)
+        self.tasks = list(tasks)
         self.reward = reward  # held-out completions are scored by the run's own reward
         self.plan = plan  # budget, which metric is the score, pass@k
         self.eval_every = eval_every  # 0 = only before and after training

@@ -21,6 +21,7 @@ from grpo_pipe.checkpoint.store import Checkpoint
 from grpo_pipe.config.errors import InputError
 from grpo_pipe.data.rows import bad_rows_problem
 from grpo_pipe.episodes.transcripts import write_episode_page
+from grpo_pipe.evaluation.by_group import in_turn
 from grpo_pipe.evaluation.held_out import fit_held_out
 from grpo_pipe.evaluation.schedule import HeldOutEvaluation
 from grpo_pipe.interfaces import (
@@ -107,7 +108,9 @@ class GRPORecipe:
                 prompt_limit=self.engine.max_model_len - p.environment.completion_budget(settings.max_new_tokens),
                 overlong_prompts=settings.overlong_prompts, episodes=p.environment,
             )
-        eval_tasks = eval_tasks[: settings.eval_size]
+        # Groups of held-out tasks (lengths) take turns before the cut: each keeps its share, and the few episodes
+        # shown to people hold one of each.
+        eval_tasks = in_turn(eval_tasks, eval_tasks)[: settings.eval_size]
         if isinstance(p.environment, ProvidesRollouts):
             # Its groups are scored by the environments (reward=environment): the data's tasks as single turns would
             # all score `missing`. The environments' own evaluations are logged instead (env_eval/*).

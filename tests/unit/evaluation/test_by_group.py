@@ -3,12 +3,10 @@ that puts one episode of every group on the page people read."""
 
 from pathlib import Path
 
-from grpo_pipe.checkpoint.store import CheckpointManager
 from grpo_pipe.data.arithmetic import ArithmeticTasks
 from grpo_pipe.episodes.transcripts import write_episode_page
 from grpo_pipe.evaluation.by_group import group_metrics, in_turn
 from grpo_pipe.evaluation.held_out import EvalPlan, evaluate_completions
-from grpo_pipe.evaluation.schedule import HeldOutEvaluation
 from grpo_pipe.types import Completion, EpisodeLog, RequestTelemetry, RewardOutput, Task
 from tests.fakes import ExactReward, FakeEngine, FakeTokenizer
 
@@ -53,24 +51,21 @@ def test_groups_take_turns_each_in_its_own_order() -> None:
     assert in_turn(["px", "py"], plain) == ["px", "py"]
 
 
-def test_the_held_out_evaluation_reports_each_length_and_the_page_shows_one_episode_of_each(tmp_path: Path) -> None:
-    # Held-out lengths 3, 4 and 5, given shortest first as a file might hold them: the evaluation takes them in turn.
+def test_held_out_lengths_in_turn_are_each_reported_and_the_page_shows_one_episode_of_each(tmp_path: Path) -> None:
+    # Held-out lengths 3, 4 and 5, given shortest first as a file might hold them: taken in turn, as the run does.
     data = ArithmeticTasks(terms=2, eval_terms=[3, 5], train_size=10, eval_size=12, seed=0)
     tasks = sorted(data.eval_tasks(), key=lambda t: t.metadata["operations"])
     # FakeEngine answers "<first number + 1>" to the question "<first number> + ...": right for the tasks made so.
     tasks = [Task(t.uid, f"{i} + {t.question}", str(i + 1 if i % 3 else 0), t.metadata) for i, t in enumerate(tasks)]
+    tasks = in_turn(tasks, tasks)
+    assert [t.metadata["eval_group"] for t in tasks[:3]] == ["terms_3", "terms_4", "terms_5"]
     prompts = [tuple(FakeTokenizer()(t.question)["input_ids"]) for t in tasks]
-    held_out = HeldOutEvaluation(prompts=prompts, tasks=tasks, reward=ExactReward(), plan=EvalPlan(max_tokens=8),
-                                 eval_every=0, patience=0, checkpoints=CheckpointManager(),
-                                 export_best=lambda folder: None)
-    assert [t.metadata["eval_group"] for t in held_out.tasks[:3]] == ["terms_3", "terms_4", "terms_5"]
-    metrics, _ = evaluate_completions(FakeEngine(), held_out.prompts, held_out.tasks, ExactReward(), held_out.plan)
-    # Tasks 0..3 are three terms, 4..7 four, 8..11 five; those at a multiple of 3 have a wrong reference.
+    metrics, _ = evaluate_completions(FakeEngine(), prompts, tasks, ExactReward(), EvalPlan(max_tokens=8))
+    # Tasks 0..3 were three terms, 4..7 four, 8..11 five; those at a multiple of 3 have a wrong reference.
     assert metrics["eval/accuracy/terms_3"] == 2 / 4 and metrics["eval/accuracy/terms_4"] == 3 / 4
     assert metrics["eval/accuracy/terms_5"] == 3 / 4 and metrics["eval/accuracy"] == 8 / 12
-    episodes = [_episode(t.metadata["operations"]) for t in held_out.tasks]
-    page = write_episode_page(episodes, held_out.tasks, 3, tmp_path)
+    page = write_episode_page([_episode(t.metadata["operations"]) for t in tasks], tasks, 3, tmp_path)
     assert page is not None
     text = page.read_text()
-    for task in held_out.tasks[:3]:
+    for task in tasks[:3]:
         assert f"`{task.uid}`" in text and f"**Task:** {task.question}" in text
