@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -52,13 +52,24 @@ def as_written(item: str | int | float | bool) -> str:
     return str(item)
 
 
+class EnvironmentCommands(Protocol):
+    """Environment processes whose commands depend on the run (environment=verifiers: its workers sample at the run's
+    temperature and budgets): checked with the config, their commands made when the source starts."""
+
+    def config_problems(self) -> list[str]: ...
+
+    def commands(self, sampling: SamplingSettings, max_model_len: int) -> list[list[str]]: ...
+
+
 class AtroposEnvironment:
-    """Atropos environments as the run's source of scored groups (see the module docstring)."""
+    """Atropos environments as the run's source of scored groups (see the module docstring). Their commands are
+    `environments`, or made by `commands` when the source starts (then `environments` is left empty)."""
 
     def __init__(self, *, environments: Sequence[Sequence[str | int | float | bool]] = (), api_url: str | None = None,
                  groups_per_step: int = 32, group_size: int = 8, batch_timeout_s: float = 600.0,
                  max_restarts: int = 3, model_name: str = "grpo_pipe", poll_s: float = 0.5,
-                 report_every_s: float = 30.0, eval_every: int | None = None, python: str | None = None) -> None:
+                 report_every_s: float = 30.0, eval_every: int | None = None, python: str | None = None,
+                 commands: EnvironmentCommands | None = None) -> None:
         # e.g. [[my_env.py, serve, --env.max_token_length, 512]]: a number (or true/false) is passed on as written
         self.environments = [[as_written(item) for item in command] for command in environments]
         self.groups_per_step, self.group_size = groups_per_step, group_size  # a batch: groups x samples per group
@@ -69,13 +80,14 @@ class AtroposEnvironment:
         self.poll_s, self.report_every_s = poll_s, report_every_s
         self.eval_every = eval_every  # the environments' own evaluations, every this many trainer steps; None: theirs
         self.python = python  # the interpreter that runs the environments; None: the run's own
+        self.commands = commands
         self._single = SingleTurn()  # held-out evaluation: the data's tasks, one turn
         self._tokenizer: Any = None
         self._closers: list[Callable[[], None]] = []
 
     def config_problems(self) -> list[str]:
-        problems = []
-        if not self.environments and self.api_url is None:
+        problems = [] if self.commands is None else self.commands.config_problems()
+        if not self.environments and self.commands is None and self.api_url is None:
             problems.append("environments: none to start and no api_url to attach to: nothing would post groups")
         for command in self.environments:
             if not command or not Path(command[0]).is_file():
@@ -132,7 +144,8 @@ class AtroposEnvironment:
                          report_every_s=self.report_every_s)
         self._closers.append(api.close)
         api.register()
-        processes = EnvironmentProcesses(commands=self.environments, connection=self._connection(endpoint, url),
+        commands = self.environments if self.commands is None else self.commands.commands(sampling, engine.max_model_len)
+        processes = EnvironmentProcesses(commands=commands, connection=self._connection(endpoint, url),
                                          log_dir=log_dir, max_restarts=self.max_restarts,
                                          env={"HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled"}, python=self.python,
                                          secrets={"openai.api_key": endpoint.token},
@@ -141,7 +154,7 @@ class AtroposEnvironment:
         # The engine may serve the environments while the trainer trains only where its calls are serialised on its
         # own thread (the batcher's, held-out evaluation's, weight syncs') and a group may be a version behind.
         overlap = max_staleness >= 1 and isinstance(engine, GeneratesInBackground) and bool(engine.background)
-        evaluations = EnvironmentEvaluations([processes.evaluations_dir(i) for i in range(len(self.environments))])
+        evaluations = EnvironmentEvaluations([processes.evaluations_dir(i) for i in range(len(commands))])
         limits = Limits(len(self._tokenizer), engine.max_model_len, sampling.temperature)
         source = AtroposSource(api=api, endpoint=endpoint, processes=processes, limits=limits,
                                max_staleness=max_staleness, timeout_s=self.batch_timeout_s, overlap=overlap,

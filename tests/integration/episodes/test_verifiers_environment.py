@@ -19,7 +19,7 @@ import pytest
 
 from grpo_pipe.episodes.atropos_api import AtroposApi, AtroposServer, EnvironmentProcesses, NoBatch, Registration
 from grpo_pipe.episodes.scored_groups import Limits, RefusedGroup, ScoredGroup, read_scored_group
-from grpo_pipe.episodes.verifiers import VENV_PYTHON, WORKER, VerifiersEnvironment
+from grpo_pipe.episodes.verifiers import VENV_PYTHON, WORKER, VerifiersWorkers
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.serving.endpoint import EngineEndpoint
 from grpo_pipe.types import TakenBatch
@@ -172,10 +172,10 @@ def _spans(trained: list[bool]) -> list[tuple[int, int]]:
 
 
 def test_a_renderer_verifiers_cannot_build_is_refused_before_anything_loads() -> None:
-    problems = VerifiersEnvironment(name=TASKSET, renderer="no-such-renderer", python=_python()).config_problems()
+    problems = VerifiersWorkers(name=TASKSET, renderer="no-such-renderer", python=_python()).config_problems()
     assert len(problems) == 1 and problems[0].startswith("renderer={'name': 'no-such-renderer'}: not a renderer")
     assert "'qwen3'" in problems[0] and "'custom'" in problems[0]  # the names there are
-    assert VerifiersEnvironment(name=TASKSET, renderer=CHATML, python=_python()).config_problems() == []
+    assert VerifiersWorkers(name=TASKSET, renderer=CHATML, python=_python()).config_problems() == []
 
 
 @pytest.mark.parametrize("turns", [1, 2])
