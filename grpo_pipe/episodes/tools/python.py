@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_pipe.config.errors import failed
@@ -58,6 +58,7 @@ class _Finished:
     isolated: bool  # the child entered its own user, network and pid namespaces
 
 
+@dataclass(kw_only=True, eq=False)
 class PythonSandbox:
     """Runs model-written Python in a limited child process; the snippet's failures come back as text.
 
@@ -70,21 +71,12 @@ class PythonSandbox:
             New programs (exec, system, subprocess) are always refused: they would run without the audit hook.
     """
 
-    def __init__(
-        self,
-        *,
-        cpu_s: float = 5.0,
-        wall_s: float = 10.0,
-        memory_mb: int = 512,
-        output_bytes: int = 4096,
-        max_processes: int = 0,
-    ) -> None:
-        self.cpu_s = cpu_s
-        self.wall_s = wall_s
-        self.memory_mb = memory_mb
-        self.output_bytes = output_bytes
-        self.max_processes = max_processes
-        self._warned = False
+    cpu_s: float = 5.0
+    wall_s: float = 10.0
+    memory_mb: int = 512
+    output_bytes: int = 4096
+    max_processes: int = 0
+    _warned: bool = field(default=False, init=False, repr=False)  # said once that the kernel gave no namespaces
 
     def config_problems(self) -> list[str]:
         """The limits' own rules, each named by its setting (the toolbox puts them under `tool_options.python`)."""
