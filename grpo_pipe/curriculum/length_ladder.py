@@ -90,7 +90,7 @@ class LengthLadderCurriculum:
     def attach(self, tasks: Sequence[Task]) -> None:
         problems = self.task_problems(tasks)
         if problems:
-            raise ValueError(problems[0])  # the job reports these before anything loads: this is a direct caller's
+            raise ValueError(problems[0])  # a run has reported them already, with the data's problems (ChecksTasks)
         self.levels = sorted({float(t.metadata[self.key]) for t in tasks})
         index = {value: i for i, value in enumerate(self.levels)}
         members: list[list[Task]] = [[] for _ in self.levels]
