@@ -16,6 +16,7 @@ from mlflow.tracking import MlflowClient
 
 from grpo_pipe.checkpoint.store import Checkpoint
 from tests.conftest import REPO, TINY
+from tests.processes import reaped, stop_with_sigterm
 
 _SCRIPT = textwrap.dedent("""
     import os, signal, sys, time
@@ -94,17 +95,10 @@ def test_sigterm_during_a_2000_token_generation_exits_within_the_grace_with_a_ch
          "resume_accept=[trainer.steps,run.max_new_tokens,loss.max_tokens,trainer.loss.max_tokens]", f"hydra.run.dir={second}"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
-    try:
+    with reaped(proc):
         # The stop handler is in place once the engine is up; step 2's batch is being generated after this line.
         _wait_for_text(second / "grpo_pipe.log", "up to 2000 new tokens", proc)
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=grace + 60)
-        elapsed = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        out, elapsed = stop_with_sigterm(proc, grace)
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
     assert elapsed < grace + 10, f"stop took {elapsed:.1f}s"
     assert "Stopped during step 2's generation (SIGTERM)" in out and "step 2/2" not in out
@@ -141,16 +135,9 @@ def test_sigterm_while_a_tool_hangs_exits_within_the_grace_with_the_last_checkpo
          "resume_accept=[trainer.steps,environment.tools,environment.call_format]", f"hydra.run.dir={second}"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
     )
-    try:
+    with reaped(proc):
         _wait_for_text(started, "", proc)  # the file exists: step 2's first turn is done and its calls are running
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=grace + 60)
-        elapsed = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        out, elapsed = stop_with_sigterm(proc, grace)
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
     assert elapsed < grace + 10, f"stop took {elapsed:.1f}s"
     assert "Stopped during step 2's generation (SIGTERM)" in out

@@ -19,6 +19,7 @@ from grpo_pipe.episodes.scored_groups import Limits, read_scored_group
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.serving.endpoint import EngineEndpoint
 from tests.conftest import REPO
+from tests.processes import reaped, stop_with_sigterm
 from tests.tiny_endpoint import tiny_endpoint
 
 ENVIRONMENT = REPO / "tests" / "fixtures" / "atropos" / "tiny_sums.py"
@@ -115,8 +116,7 @@ def test_sigterm_stops_the_run_its_environments_and_the_api_server_within_the_gr
                "checkpoint.every=1", "run.eval_every=0", "run.eval_size=2", f"run.shutdown_grace_s={grace}",
                "logger=none", f"hydra.run.dir={run_dir}"]
     proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    children: list[psutil.Process] = []
-    try:
+    with reaped(proc):
         deadline = time.monotonic() + 600
         while not (run_dir / "checkpoints" / "step-000001").exists():
             assert proc.poll() is None and time.monotonic() < deadline, "no first checkpoint"
@@ -125,14 +125,7 @@ def test_sigterm_stops_the_run_its_environments_and_the_api_server_within_the_gr
         environment = [c for c in children if marker in _cmdline(c)]
         api = [c for c in children if "atroposlib.cli.run_api" in _cmdline(c)]
         assert len(environment) == 1 and len(api) == 1
-        sent = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=grace + 60)
-        elapsed = time.monotonic() - sent
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        out, elapsed = stop_with_sigterm(proc, grace)
     assert proc.returncode == 128 + signal.SIGTERM, out[-3000:]
     assert elapsed < grace + 10, f"stop took {elapsed:.1f}s"
     assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))[0] == "step-000001"

@@ -6,9 +6,9 @@ errors of the scale-out options."""
 from __future__ import annotations
 
 import inspect
-import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from grpo_pipe.runner.components import Components
 from grpo_pipe.runner.pipeline import JobContext, build, run
 from grpo_pipe.trainer.sharded_policy import ShardedPolicy
 from tests.bridge_equality import train_sync_and_compare
+from tests.processes import once_it_exists
 
 SCALE_OUT = ["placement=split", "trainer=fsdp", "trainer.world_size=2", "weight_bridge=nccl", "placement.num_engines=2"]
 
@@ -89,18 +90,18 @@ def test_prompts_are_balanced_by_completions_across_replicas() -> None:
     assert _shares([2, 2], 3) == [(0, 0), (0, 1), (1, 2)]  # more replicas than prompts: some idle
 
 
-@pytest.fixture
-def engine_nodes() -> Iterator[Any]:
-    """A head that takes no work and two one-CPU nodes: an engine replica fits on either, one at a time. This
-    process joins while the head is the only node, so it is the head's driver: Ray refuses to take down the node
-    a driver is attached to, and with several nodes on one host it would attach to any of them."""
+@contextmanager
+def _driven_cluster(nodes: int) -> Iterator[Any]:
+    """A head that takes no work and `nodes` one-CPU nodes. This process joins while the head is the only node, so it
+    is the head's driver: Ray refuses to take down the node a driver is attached to, and with several nodes on one host
+    it would attach to any of them."""
     import ray
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     ray.init(address=cluster.address)
-    cluster.add_node(num_cpus=1)
-    cluster.add_node(num_cpus=1)
+    for _ in range(nodes):
+        cluster.add_node(num_cpus=1)
     try:
         yield cluster
     finally:
@@ -108,14 +109,17 @@ def engine_nodes() -> Iterator[Any]:
         cluster.shutdown()
 
 
-def _remove_the_engines_node_when(cluster: Any, path: Path, done: threading.Event, removed: list[str]) -> None:
-    """Once `path` exists (the run is mid-way), take down the node the engine replica runs on, as a lost machine."""
+@pytest.fixture
+def engine_nodes() -> Iterator[Any]:
+    """Two one-CPU nodes under a head that takes no work: an engine replica fits on either, one at a time."""
+    with _driven_cluster(nodes=2) as cluster:
+        yield cluster
+
+
+def _remove_the_engines_node(cluster: Any, removed: list[str]) -> None:
+    """Take down the node the engine replica runs on, as a lost machine."""
     import ray
 
-    while not path.exists() and not done.is_set():
-        time.sleep(0.05)
-    if done.is_set():
-        return
     (actor,) = [ray.get_actor(a["name"], namespace=a["namespace"]) for a in ray.util.list_named_actors(all_namespaces=True)
                 if a["name"].startswith("grpo_pipe-engine-")]
     node_id = ray.get(actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
@@ -132,15 +136,9 @@ def test_a_node_that_dies_under_an_engine_replica_is_replaced_on_the_surviving_n
 
     cfg = compose_cfg(["placement=split", "weight_bridge=nccl", f"placement.ray_address={engine_nodes.address}",
                        "trainer.steps=4", "checkpoint.every=1", "placement.restart_backoff_s=0.1"])
-    done, removed = threading.Event(), []
-    killer = threading.Thread(target=_remove_the_engines_node_when,
-                              args=(engine_nodes, tmp_path / "checkpoints" / "step-000002", done, removed))
-    killer.start()
-    try:
+    removed: list[str] = []
+    with once_it_exists(tmp_path / "checkpoints" / "step-000002", lambda: _remove_the_engines_node(engine_nodes, removed)):
         result = run(cfg, JobContext(output_dir=tmp_path, run_name="node-lost"))
-    finally:
-        done.set()
-        killer.join()
     assert len(removed) == 1  # the engine's node went down mid-run; the head takes no work, so the
     # replacement below ran on the one node left
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
@@ -154,30 +152,16 @@ def test_a_node_that_dies_under_an_engine_replica_is_replaced_on_the_surviving_n
 
 @pytest.fixture
 def rank_nodes() -> Iterator[Any]:
-    """A head that takes no work (this process is its driver, as in `engine_nodes`) and three one-CPU nodes: the
-    engine replica and each of the two trainer ranks get a node of their own."""
-    import ray
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
-    ray.init(address=cluster.address)
-    for _ in range(3):
-        cluster.add_node(num_cpus=1)
-    try:
+    """Three one-CPU nodes under a head that takes no work: the engine replica and each of the two trainer ranks get a
+    node of their own."""
+    with _driven_cluster(nodes=3) as cluster:
         yield cluster
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
-def _remove_rank_1s_node_when(cluster: Any, path: Path, done: threading.Event, removed: list[float]) -> None:
-    """Once `path` exists, take down the node that holds trainer rank 1 (bundle 1 of the trainer's placement group)."""
+def _remove_rank_1s_node(cluster: Any, removed: list[float]) -> None:
+    """Take down the node that holds trainer rank 1 (bundle 1 of the trainer's placement group)."""
     import ray
 
-    while not path.exists() and not done.is_set():
-        time.sleep(0.05)
-    if done.is_set():
-        return
     (group,) = [g for g in ray.util.placement_group_table().values() if len(g["bundles"]) == 2 and g["state"] == "CREATED"]
     (node,) = [n for n in cluster.list_all_nodes() if n.node_id == group["bundles_to_node_id"][1]]
     removed.append(time.monotonic())
@@ -195,17 +179,11 @@ def test_a_node_that_dies_under_a_trainer_rank_stops_the_run_at_once_with_its_la
 
     cfg = compose_cfg(["placement=split", "trainer=fsdp", "trainer.world_size=2", "weight_bridge=nccl",
                        f"placement.ray_address={rank_nodes.address}", "trainer.steps=8", "checkpoint.every=1"])
-    done, removed = threading.Event(), []
-    killer = threading.Thread(target=_remove_rank_1s_node_when,
-                              args=(rank_nodes, tmp_path / "checkpoints" / "step-000002", done, removed))
-    killer.start()
-    try:
+    removed: list[float] = []
+    with once_it_exists(tmp_path / "checkpoints" / "step-000002", lambda: _remove_rank_1s_node(rank_nodes, removed)):
         with pytest.raises(TrainerLost, match="trainer rank 1 of 2 died"):
             run(cfg, JobContext(output_dir=tmp_path, run_name="rank-lost"))
         stopped = time.monotonic()
-    finally:
-        done.set()
-        killer.join()
     assert len(removed) == 1
     # Not the process group's timeout (trainer.timeout_s, 300 s): the dead rank is noticed by Ray, then all stops.
     assert stopped - removed[0] < 120

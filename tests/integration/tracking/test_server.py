@@ -9,12 +9,8 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +20,7 @@ from mlflow.tracking import MlflowClient
 
 from grpo_pipe.tracking.sweep_runs import find_parent
 from tests.conftest import REPO, TINY
+from tests.mlflow_server import Server
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 BRIDGES = ("reload", "lora")
@@ -38,51 +35,14 @@ class Sweep:
     workdir: Path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_healthy(uri: str, server: subprocess.Popen, log: Path, timeout_s: float = 180.0) -> None:
-    """Poll /health until it answers (the server takes ~20-35 s to start on a 2-core machine)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if server.poll() is not None:
-            pytest.fail(f"mlflow server exited with {server.returncode}:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(f"{uri}/health", timeout=5) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            time.sleep(1.0)
-    pytest.fail(f"mlflow server did not answer /health in {timeout_s} s:\n{log.read_text()[-3000:]}")
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    folder = tmp_path_factory.mktemp("mlflow-server")
-    port, log = _free_port(), folder / "server.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{folder}/server.db",
-             "--serve-artifacts", "--artifacts-destination", str(folder / "artifacts"),
-             "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=folder, start_new_session=True,
-            # The server's background job runner (GenAI jobs: a handful of worker processes) is not used here.
-            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
-        )
-    uri = f"http://127.0.0.1:{port}"
+    found = Server(tmp_path_factory.mktemp("mlflow-server"))
+    found.start()
     try:
-        _wait_healthy(uri, proc, log)
-        yield uri
+        yield found.uri
     finally:
-        # `mlflow server` starts uvicorn as a child: end the whole session this test started, not only its leader.
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        found.stop()
 
 
 @pytest.fixture(scope="module")
