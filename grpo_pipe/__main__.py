@@ -74,17 +74,19 @@ def main() -> None:
         return
     env.quiet_libraries()
     logging.captureWarnings(True)  # library warnings (FutureWarning, ...) go where the job's config sends py.warnings
-    problems = override_problems(sys.argv[1:]) + output_dir_problems(sys.argv[1:], Path.cwd())
-    if problems:
-        from grpo_pipe.runner.components import build  # after quiet_libraries: it imports torch, which reads its log level once
-
-        report_config_error(ConfigError(list(dict.fromkeys(problems + problems_beside(sys.argv[1:], problems, build)))))
-        sys.exit(2)
     unmade = unmade_output_dirs(sys.argv[1:], Path.cwd())
     try:
+        problems = override_problems(sys.argv[1:]) + output_dir_problems(sys.argv[1:], Path.cwd())
+        if problems:
+            from grpo_pipe.runner.components import build  # after quiet_libraries: torch reads its log level once
+
+            report_config_error(ConfigError(list(dict.fromkeys(problems + problems_beside(sys.argv[1:], problems, build)))))
+            sys.exit(2)
         run_job()
     except SystemExit as stop:
-        if stop.code == 2:  # refused by its config check: the folders Hydra made for it go too (outputs/ on a first run)
+        # Refused by its config check: the folders made for it go too (outputs/ on a first run, which Hydra and the
+        # tracker's own check make), unless something was written there.
+        if stop.code == 2:
             for folder in unmade:
                 remove_if_empty(folder)
         raise

@@ -43,3 +43,10 @@ def test_a_refused_job_removes_the_output_folders_it_made_and_only_those(tmp_pat
         remove_if_empty(folder)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["kept", "outputs"] and list((tmp_path / "kept").iterdir()) == []
     assert (tmp_path / "outputs" / "mlartifacts").is_dir()  # a folder holding a file stays whole
+
+
+def test_a_command_refused_before_hydra_runs_leaves_no_outputs_folder(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "grpo_pipe", "trainer.lrr=1", "reward.wrong=abc"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "reward.wrong='abc': expected a number" in done.stderr, done.stderr
+    assert list(tmp_path.iterdir()) == []  # the check of the tracker's folders made outputs/: it is gone again
