@@ -105,11 +105,12 @@ def tool_schema(fn: Callable[..., Any], name: str) -> dict[str, Any]:
 
 
 def shipped_tools() -> dict[str, type]:
-    """The shipped tools by name: every module of `grpo_pipe.episodes.tools` that defines `TOOL` (the class whose
-    instance is the tool) ships the tool of its own name (`tools/calculator.py` -> `calculator`). A new shipped
-    tool is one module there; nothing lists it."""
+    """The shipped tools by name: every public module of `grpo_pipe.episodes.tools` that defines `TOOL` (the class
+    whose instance is the tool) ships the tool of its own name (`tools/calculator.py` -> `calculator`). A new shipped
+    tool is one module there; nothing lists it. Private modules (`_sandbox_child.py`) are not imported."""
     package = importlib.import_module(TOOLS_PACKAGE)
-    modules = (importlib.import_module(f"{TOOLS_PACKAGE}.{m.name}") for m in pkgutil.iter_modules(package.__path__))
+    modules = (importlib.import_module(f"{TOOLS_PACKAGE}.{m.name}") for m in pkgutil.iter_modules(package.__path__)
+               if not m.name.startswith("_"))
     return {module.__name__.rpartition(".")[2]: module.TOOL for module in modules
             if inspect.isclass(getattr(module, "TOOL", None))}
 

@@ -45,7 +45,7 @@ _KILLED_BY_CPU_LIMIT = (-signal.SIGXCPU, -signal.SIGKILL)  # soft == hard limit:
 
 # Runs in the child as `python -I -c _BOOTSTRAP CONFIG_JSON`. Order matters: namespaces (needs ctypes), then
 # rlimits, then the audit hook, then the snippet.
-_BOOTSTRAP = (Path(__file__).parent / "sandbox_child.py").read_text(encoding="utf-8")
+_BOOTSTRAP = (Path(__file__).parent / "_sandbox_child.py").read_text(encoding="utf-8")
 
 
 @dataclass(frozen=True)
