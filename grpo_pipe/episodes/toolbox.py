@@ -132,13 +132,10 @@ def function_tools(specs: Sequence[str], options: Mapping[str, Mapping[str, Any]
         except ToolSpecError as err:
             problems += [f"tools: {p}" for p in err.problems]
             continue
-        settings = dict(options.get(name, {}))
-        found = _tool_setting_problems(name, target, settings)
-        if found:
-            problems += found
-            continue
-        # a class's instance is the tool: its bound __call__ carries the signature and docstring of the schema
-        tools[name] = cast(Any, target(**settings)).__call__ if inspect.isclass(target) else target
+        tool, found = _built_tool(name, target, dict(options.get(name, {})))
+        problems += found
+        if tool is not None:
+            tools[name] = tool
     for name, fn in tools.items():
         try:
             tool_schema(fn, name)
@@ -152,22 +149,26 @@ def function_tools(specs: Sequence[str], options: Mapping[str, Mapping[str, Any]
     return tools
 
 
-def _tool_setting_problems(name: str, target: Any, settings: dict[str, Any]) -> list[str]:
-    """Everything wrong with `tool_options.<name>` for a tool class (keys, types, then its own `config_problems()`
-    on an instance), each under `tool_options.<name>`; a function takes no settings."""
+def _built_tool(name: str, target: Any, settings: dict[str, Any]) -> tuple[Callable[..., Any] | None, list[str]]:
+    """The tool `target` makes with `tool_options.<name>`, or None and everything wrong with those settings (keys and
+    types against its constructor, then its own `config_problems()`), each under `tool_options.<name>`. A class's
+    instance is the tool: its bound `__call__` carries the signature and docstring of the schema; a function is its
+    own tool and takes no settings."""
     key = f"tool_options.{name}"
     if not inspect.isclass(target):
-        return [f"{key}: {name} is a function, which takes no settings (a class's instance is a tool with settings)"
-                ] if settings else []
+        if settings:
+            return None, [f"{key}: {name} is a function, which takes no settings (a class's instance is a tool with "
+                          "settings)"]
+        return target, []
     problems = settings_problems(key, target, settings)
     if problems:
-        return problems  # the constructor and the rules would judge values of the wrong type
+        return None, problems  # the constructor and the rules would judge values of the wrong type
     try:
         tool = target(**settings)
     except (TypeError, ValueError) as err:  # the user's class: a constructor that judges its own settings
-        return [f"{key}: {type(err).__name__}: {err}"]
+        return None, [f"{key}: {type(err).__name__}: {err}"]
     own = tool.config_problems() if isinstance(tool, ChecksItsConfig) else []
-    return [f"{key}.{problem}" for problem in own]
+    return (None, [f"{key}.{problem}" for problem in own]) if own else (cast(Any, tool).__call__, [])
 
 
 def environment_tools(cls: type) -> dict[str, Callable[..., Any]]:
