@@ -229,6 +229,7 @@ class Ledger:
     trained: int = 0
     dropped: dict[str, int] = field(default_factory=dict)  # reason -> groups
     in_flight: int = 0
+    repeated: int = 0  # groups trained, or generated again, after they were trained: 0 in a run that repeats nothing
 
     def balanced(self) -> bool:
-        return self.trained + sum(self.dropped.values()) + self.in_flight == self.submitted
+        return self.trained + sum(self.dropped.values()) + self.in_flight == self.submitted and self.repeated == 0

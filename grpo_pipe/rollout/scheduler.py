@@ -13,7 +13,16 @@ engine never waits for the trainer, and discards (and counts) the groups that ar
 Dropping biases training toward prompts that are answered fast, which is why pacing is the default.
 
 Every group is accounted for exactly once: trained, dropped (with the reason), or still in flight
-when the run ended.
+when the run ended (`ledger`, and by group id in `groups`, both kept with every checkpoint).
+
+Batches in flight at a checkpoint (generated, or being generated, not yet trained) are, on resume, either kept
+(`in_flight_on_resume=keep`, the default) or dropped and counted (`drop`). Kept batches are saved as their tasks and
+generated again after the resume with their own seeds, on the checkpoint's weights (never older than the ones that
+were sampling them), then trained: the run trains the very tasks, in the very order, that an uninterrupted run does,
+and the curriculum's draws are not skewed by where a kill fell. Their completions themselves are not saved: at a
+checkpoint the newest batch is usually still being generated, and waiting for it would stall every checkpoint by a
+generation. `drop` is for an operator who wants no sample after a resume older than the resume itself; the dropped
+groups are counted (`ledger/dropped`, reason `in flight at the checkpoint`) and named in one log line.
 """
 
 from __future__ import annotations
@@ -29,10 +38,13 @@ from typing import Any, Literal
 from grpo_pipe.data.prompts import a_few, cut_to
 from grpo_pipe.episodes.single_turn import SingleTurn
 from grpo_pipe.interfaces import EpisodeRunner, PendingRollout, RolloutEngine
+from grpo_pipe.rollout.ledger import DROPPED, TRAINED, GroupRecord
 from grpo_pipe.runtime.stopping import GenerationInterrupted
 from grpo_pipe.types import Ledger, RolloutGroup, SamplingSettings, TakenBatch, Task, derive_seed
 
 StalePolicy = Literal["pace", "drop"]
+InFlightOnResume = Literal["keep", "drop"]
+DROPPED_AT_RESUME = "in flight at the checkpoint (rollout_scheduler.in_flight_on_resume=drop)"
 log = logging.getLogger(__name__)
 # Batches in a row with no prompt that fits before a step is declared impossible (an error, not a loop).
 MAX_EMPTY_BATCHES = 3
@@ -59,6 +71,8 @@ class SchedulerSettings:
 
     max_staleness: int = 0  # policy versions a trained sample may lag the trainer; 0 = the synchronous loop
     stale_policy: StalePolicy = "pace"  # pace: hold generation back within the bound | drop: discard (and count)
+    # Batches in flight at the checkpoint a run resumes from: keep (generated again, then trained) | drop (counted).
+    in_flight_on_resume: InFlightOnResume = "keep"
 
     def config_problems(self) -> list[str]:
         problems = []
@@ -66,6 +80,8 @@ class SchedulerSettings:
             problems.append(f"max_staleness={self.max_staleness}: must be >= 0 (0 = on-policy, the synchronous loop)")
         if self.stale_policy not in ("pace", "drop"):
             problems.append(f"stale_policy={self.stale_policy!r}: allowed: 'pace', 'drop'")
+        if self.in_flight_on_resume not in ("keep", "drop"):
+            problems.append(f"in_flight_on_resume={self.in_flight_on_resume!r}: allowed: 'keep', 'drop'")
         return problems
 
     def build(self, engine: RolloutEngine, next_batch: Callable[[], list[tuple[Task, int]]],
@@ -74,7 +90,8 @@ class SchedulerSettings:
               episodes: EpisodeRunner) -> RolloutScheduler:
         return RolloutScheduler(engine=engine, next_batch=next_batch, render=render, sampling=sampling, total_steps=total_steps,
                                 max_staleness=self.max_staleness, stale_policy=self.stale_policy,
-                                prompt_limit=prompt_limit, overlong_prompts=overlong_prompts, episodes=episodes)
+                                prompt_limit=prompt_limit, overlong_prompts=overlong_prompts, episodes=episodes,
+                                in_flight_on_resume=self.in_flight_on_resume)
 
 
 class RolloutScheduler:
@@ -94,6 +111,7 @@ class RolloutScheduler:
         prompt_limit: int | None = None,
         overlong_prompts: Literal["skip", "truncate"] = "skip",
         episodes: EpisodeRunner | None = None,
+        in_flight_on_resume: InFlightOnResume = "keep",
     ) -> None:
         self.engine = engine
         self.next_batch = next_batch
@@ -105,7 +123,9 @@ class RolloutScheduler:
         self.prompt_limit = prompt_limit  # prompt tokens that leave room for the answer in the engine
         self.overlong_prompts = overlong_prompts
         self.episodes: EpisodeRunner = episodes or SingleTurn()  # one engine call per batch, or tool-using episodes
+        self.in_flight_on_resume = in_flight_on_resume
         self.ledger = Ledger()
+        self.groups = GroupRecord()  # each group's outcome by id `<batch>.<position>`
         self.generation_intervals: list[tuple[float, float]] = []  # engine busy spans, wall clock
         self._queue: deque[_InFlight] = deque()
         self._submitted = 0
@@ -184,6 +204,7 @@ class RolloutScheduler:
         with self.guard():
             pending = self.episodes.submit(self.engine, tasks, prompts, samples, self._sampling_for(index))
         self._queue.append(_InFlight(index, tasks, samples, prompts, pending))
+        self.ledger.repeated += self.groups.submitted(index, len(tasks))
         self.ledger.submitted += len(tasks)
         self.ledger.in_flight += len(tasks)
 
@@ -203,21 +224,38 @@ class RolloutScheduler:
         return {
             "submitted_batches": self._submitted,
             "in_flight": [{"index": e.index, "tasks": [[t.uid, n] for t, n in zip(e.tasks, e.samples)]} for e in self._queue],
-            "ledger": {"submitted": self.ledger.submitted, "trained": self.ledger.trained, "dropped": dict(self.ledger.dropped)},
+            "ledger": {"submitted": self.ledger.submitted, "trained": self.ledger.trained, "dropped": dict(self.ledger.dropped),
+                       "repeated": self.ledger.repeated},
+            "groups": self.groups.state_dict(),
         }
 
     def restore(self, snapshot: dict[str, Any], tasks_by_uid: dict[str, Task]) -> None:
-        """Continue from a checkpoint: the batches that were in flight are generated again, with the
-        same per-batch seeds, so they come out as they would have."""
+        """Continue from a checkpoint. The batches that were in flight are kept (generated again with the same
+        per-batch seeds, then trained) or dropped and counted, as `in_flight_on_resume` says."""
         if self._queue:
             raise RuntimeError("restore() on a scheduler that already has batches in flight")
         ledger = snapshot["ledger"]
         in_flight = [(b["index"], [(tasks_by_uid[uid], int(n)) for uid, n in b["tasks"]]) for b in snapshot["in_flight"]]
-        resubmitted = sum(len(batch) for _, batch in in_flight)
-        self.ledger = Ledger(int(ledger["submitted"]) - resubmitted, int(ledger["trained"]), dict(ledger["dropped"]), 0)
+        waiting = sum(len(batch) for _, batch in in_flight)
+        self.ledger = Ledger(int(ledger["submitted"]), int(ledger["trained"]), dict(ledger["dropped"]), 0,
+                             int(ledger.get("repeated", 0)))
+        self.groups.load_state_dict(snapshot.get("groups", {}))  # a checkpoint older than the record: counts only
         self._submitted = int(snapshot["submitted_batches"])
+        if self.in_flight_on_resume == "drop":
+            for index, batch in in_flight:
+                self.ledger.repeated += self.groups.settled(index, [DROPPED] * len(batch))
+            if waiting:
+                self.ledger.dropped[DROPPED_AT_RESUME] = self.ledger.dropped.get(DROPPED_AT_RESUME, 0) + waiting
+                log.warning("Resume: %d group(s) of %d batch(es) in flight at the checkpoint dropped and counted "
+                            "(rollout_scheduler.in_flight_on_resume=drop): batches %s", waiting, len(in_flight),
+                            a_few([str(index) for index, _ in in_flight]))
+            return
+        self.ledger.submitted -= waiting  # submitted again below, each counted once
         for index, batch in in_flight:
             self._submit_batch(index, batch)
+        if waiting:
+            log.info("Resume: %d group(s) of %d batch(es) in flight at the checkpoint generated again, to be trained "
+                     "(rollout_scheduler.in_flight_on_resume=keep)", waiting, len(in_flight))
 
     def _sampling_for(self, index: int) -> SamplingSettings:
         # A seed per batch, derived from the run's seed and the batch's place in the run: a resumed run
@@ -243,9 +281,10 @@ class RolloutScheduler:
         gap = 0.0 if self._last_finished is None else max(generated.started_s - self._last_finished, 0.0)
         self._last_finished = generated.finished_s
         self.ledger.in_flight -= len(entry.tasks)
-        groups, staleness, dropped = [], [], []
+        groups, staleness, dropped, outcomes = [], [], [], []
         for task, prompt, completions in zip(entry.tasks, entry.prompts, generated.completions):
             lag = trainer_version - min(c.policy_version for c in completions)
+            outcomes.append(DROPPED if lag > self.max_staleness else TRAINED)
             if lag > self.max_staleness:
                 if self.stale_policy == "pace":  # the submit rule makes this impossible: a bug, not data
                     raise RuntimeError(f"staleness {lag} > rollout_scheduler.max_staleness={self.max_staleness} under pace")
@@ -256,6 +295,7 @@ class RolloutScheduler:
             groups.append(RolloutGroup(task, prompt, tuple(completions)))
             staleness.append(lag)
         self.ledger.trained += len(groups)
+        self.ledger.repeated += self.groups.settled(entry.index, outcomes)
         return TakenBatch(groups, staleness, dropped, generated, wait_s, gap, depth)
 
 

@@ -35,6 +35,7 @@ from grpo_pipe.interfaces import (
 )
 from grpo_pipe.models.custom_code import loader_options
 from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
+from grpo_pipe.rollout.ledger import ledger_metrics
 from grpo_pipe.runner.components import Components
 from grpo_pipe.runner.progress import StepProgress, format_metrics
 from grpo_pipe.runner.step_recorder import MismatchWatch, StepRecorder
@@ -167,6 +168,7 @@ class GRPORecipe:
             halt_point("generation", step)                                  # (a test's kill point; no-op otherwise)
             groups = self._take_rollouts(step)                              # 1. pick tasks, roll out (scheduler)
         with rec.phase("reward"):
+            halt_point("reward", step)                                      # (a test's kill point; no-op otherwise)
             scored = p.reward(groups)                                       # 2. score every completion
         rec.scores(step, groups, scored)
         with rec.phase("curriculum"):
@@ -182,6 +184,7 @@ class GRPORecipe:
         with rec.phase("schedule"):
             self._schedule_rollouts(steps_done=step)                        # 7. the engine's next work, now
         rec.add(self._environment_evaluations())
+        rec.add(ledger_metrics(self.scheduler.ledger))  # where every group went so far, across resumes
         return rec.end(step, p.trainer.version, self.engine_restarts)
 
     def _environment_evaluations(self) -> dict[str, float]:
@@ -220,7 +223,9 @@ class GRPORecipe:
         trainer_state = p.trainer if isinstance(p.trainer, ShardedState) else p.trainer.state_dict()
         saved = p.checkpoint.save(step, trainer_state, loop_state, self.config_yaml)
         if saved is not None:  # None: the write failed and checkpoint.on_save_error=warn let the run go on
-            log.info("Checkpoint written in %.1f s: %s", time.perf_counter() - started, saved.path)
+            # The command that continues the run from here: what a person (or a chaos test) runs after a kill.
+            log.info("Checkpoint written in %.1f s: %s; continue with: python -m grpo_pipe resume=%s",
+                     time.perf_counter() - started, saved.path, saved.path.parent)
             p.logger.set_tags({"grpo_pipe.last_checkpoint": str(saved.path), "grpo_pipe.last_checkpoint_step": str(step)})
 
     def restore(self, checkpoint: Checkpoint) -> int:
@@ -302,6 +307,7 @@ class GRPORecipe:
         """Push the trainer's current weights; the engine serves them from its next request on."""
         p = self.parts
         p.placement.before_sync(self.engine)
+        halt_point("sync", p.trainer.version)                               # (a test's kill point; no-op otherwise)
         stats = push_weights(p.weight_bridge, self.engine, p.trainer.policy, p.trainer.version)
         self.pushed_version = p.trainer.version
         return stats

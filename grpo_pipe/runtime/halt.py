@@ -1,9 +1,10 @@
 """Hold a job at a named point of a step, for tests of faults: a test SIGKILLs it there, or changes the world
 (stops a tracking server) and lets it go on by removing the marker file (see `env.halt_request`).
 
-The points: `generation` (a step's rollouts about to be taken), `update` (the optimizer step done, its weights
-neither synced nor saved), `checkpoint` (the trainer state written into a checkpoint's temporary folder, the
-manifest not yet). A real run never sets the variable and passes each point at the cost of one lookup.
+The points: `generation` (a step's rollouts about to be taken), `reward` (the step's rollouts taken, not yet
+scored), `update` (the optimizer step done, its weights neither synced nor saved), `sync` (a weight sync begun: the
+placement has handed the device over, the weights not yet pushed; numbered by the policy version it pushes),
+`checkpoint` (the trainer state written into a checkpoint's temporary folder, the manifest not yet). A real run never sets the variable and passes each point at the cost of one lookup.
 """
 
 from __future__ import annotations
