@@ -1,0 +1,200 @@
+"""Soak: run a job for a given time and say, figure by figure, whether it stays flat after warm-up.
+
+    python -m grpo_pipe.benchmarks.soak --minutes 120 --warmup-minutes 10 --out soak/ -- trainer.steps=1000000
+
+The job is the command itself (`python -m grpo_pipe <overrides> run.max_minutes=<minutes>`: it ends normally when
+its time is up, with its final evaluation). Every `--every` seconds the driver samples, over every process of the
+run (the job and everything below it): resident memory (RSS, summed, and the job's own process), open file
+descriptors, threads, processes; GPU memory of those processes where `nvidia-smi` exists; and the sizes on disk of
+the MLflow store, the artifacts, the run folder (checkpoints, reports) and the tracker's outbox journal (written
+only while the tracking store does not answer; the outbox's queue in memory shows in the job's RSS). Step times come
+from the run's own `time/step_s` metric. For each figure it prints its level after warm-up, the least-squares slope
+per hour with its 95% interval, and a verdict:
+
+- `flat`: the whole interval lies within +-1% of the level per hour (the issue's bar for RSS);
+- `grows` / `shrinks`: the interval lies wholly above / below zero and the slope passes 1% of the level per hour;
+- `undecided`: the interval is too wide to say (too few samples, or too noisy).
+
+Sizes on disk that grow with the run by design (the MLflow store: one row per metric and step) are reported the same
+way: their slope is the rate a user must plan space for, not a leak. Writes `samples.jsonl` and `report.json` under
+`--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+from grpo_pipe.benchmarks.job_processes import Job, kill_left, start_job, still_alive
+
+FLAT_PER_HOUR = 0.01  # a figure whose slope stays within 1% of its level per hour is flat
+PENDING_JOURNAL = "mlflow_pending.jsonl"
+
+
+@dataclass(frozen=True)
+class Trend:
+    figure: str
+    samples: int
+    level: float  # mean after warm-up
+    slope_per_h: float
+    low_per_h: float  # the 95% interval of the slope
+    high_per_h: float
+    verdict: str
+
+    @property
+    def percent_per_h(self) -> float:
+        return 100.0 * self.slope_per_h / self.level if self.level else math.nan
+
+
+def trend(figure: str, hours: Sequence[float], values: Sequence[float]) -> Trend:
+    """Least-squares slope of `values` over `hours`, its 95% interval (t quantile, normal above 30 points) and the
+    verdict against 1% of the level per hour."""
+    n = len(values)
+    level = statistics.fmean(values) if values else math.nan
+    if n < 3 or len(set(hours)) < 2:
+        return Trend(figure, n, level, math.nan, math.nan, math.nan, "undecided")
+    mean_t = statistics.fmean(hours)
+    sxx = sum((t - mean_t) ** 2 for t in hours)
+    slope = sum((t - mean_t) * (v - level) for t, v in zip(hours, values)) / sxx
+    residuals = [v - (level + slope * (t - mean_t)) for t, v in zip(hours, values)]
+    stderr = math.sqrt(sum(r * r for r in residuals) / (n - 2) / sxx)
+    half = _t95(n - 2) * stderr
+    low, high = slope - half, slope + half
+    bar = FLAT_PER_HOUR * abs(level)
+    if max(abs(low), abs(high)) <= bar:
+        verdict = "flat"
+    elif low > 0 and slope > bar:
+        verdict = "grows"
+    elif high < 0 and -slope > bar:
+        verdict = "shrinks"
+    else:
+        verdict = "undecided"
+    return Trend(figure, n, level, slope, low, high, verdict)
+
+
+def _t95(df: int) -> float:
+    """The two-sided 95% quantile of Student's t (a table to 30 degrees of freedom, the normal's beyond)."""
+    table = [12.71, 4.30, 3.18, 2.78, 2.57, 2.45, 2.36, 2.31, 2.26, 2.23, 2.20, 2.18, 2.16, 2.14, 2.13, 2.12, 2.11,
+             2.10, 2.09, 2.09, 2.08, 2.07, 2.07, 2.06, 2.06, 2.06, 2.05, 2.05, 2.05, 2.04]
+    return table[df - 1] if 1 <= df <= len(table) else 1.96
+
+
+def sample(job: Job, folder: Path) -> dict[str, float]:
+    """One sample of every figure, now."""
+    rss = fds = threads = 0
+    own_rss = 0.0
+    processes = job.processes()
+    for process in processes:
+        try:
+            with process.oneshot():
+                memory = process.memory_info().rss
+                rss += memory
+                fds += process.num_fds()
+                threads += process.num_threads()
+                if process.pid == job.pid:
+                    own_rss = memory
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    row = {"t": time.time(), "rss_mib": rss / 2**20, "job_rss_mib": own_rss / 2**20, "open_fds": float(fds),
+           "threads": float(threads), "processes": float(len(processes)),
+           "mlflow_store_mib": _size(folder / "mlflow.db") / 2**20,
+           "artifacts_mib": _size(folder / "artifacts") / 2**20,
+           "run_folder_mib": _size(folder / "run") / 2**20,
+           "outbox_journal_kib": _size(folder / "run" / PENDING_JOURNAL) / 2**10}
+    gpu = _gpu_mib({p.pid for p in processes})
+    if gpu is not None:
+        row["gpu_mib"] = gpu
+    return row
+
+
+def _size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+
+
+def _gpu_mib(pids: set[int]) -> float | None:
+    """GPU memory used by `pids` (nvidia-smi's per-process figures); None on a machine without it."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=False).stdout
+    used = [float(mib) for pid, mib in (line.split(",") for line in out.splitlines() if "," in line) if int(pid) in pids]
+    return sum(used)
+
+
+def step_times(folder: Path) -> list[tuple[float, float]]:
+    """(wall-clock time, seconds) of every step the run logged (`time/step_s`)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{folder / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("grpo_pipe")
+    runs = [] if experiment is None else client.search_runs([experiment.experiment_id])
+    if not runs:
+        return []
+    return [(m.timestamp / 1000.0, m.value) for m in client.get_metric_history(runs[0].info.run_id, "time/step_s")]
+
+
+def report(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, float]], started: float,
+           warmup_s: float) -> list[Trend]:
+    """A trend per figure over the samples after warm-up and up to the last step (the final evaluation and the
+    shutdown are not the steady state)."""
+    end = max((t for t, _ in steps), default=math.inf)
+    kept = [r for r in rows if r["t"] - started >= warmup_s and r["t"] <= end]
+    figures = [k for k in rows[0] if k != "t"] if rows else []
+    trends = [trend(name, [(r["t"] - started) / 3600 for r in kept], [r[name] for r in kept]) for name in figures]
+    late = [(t, s) for t, s in steps if t - started >= warmup_s]
+    trends.append(trend("step_s", [(t - started) / 3600 for t, _ in late], [s for _, s in late]))
+    return trends
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--minutes", type=float, required=True, help="how long the job trains (run.max_minutes)")
+    parser.add_argument("--warmup-minutes", type=float, default=5.0, help="samples before this are left out")
+    parser.add_argument("--every", type=float, default=10.0, help="seconds between samples")
+    parser.add_argument("--out", type=Path, required=True, help="the run's folder: run, MLflow store, samples")
+    parser.add_argument("overrides", nargs="*", help="the job's config overrides")
+    args = parser.parse_args(argv)
+    folder = args.out.resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    overrides = [*args.overrides, f"run.max_minutes={args.minutes}", f"hydra.run.dir={folder / 'run'}",
+                 f"logger.tracking_uri=sqlite:///{folder / 'mlflow.db'}", f"logger.artifact_location={folder / 'artifacts'}"]
+    started = time.time()
+    job = start_job(overrides, folder / "job")
+    rows, seen = [], []
+    with (folder / "samples.jsonl").open("w") as out:
+        while job.proc.poll() is None:
+            row = sample(job, folder)
+            seen = list({p.pid: p for p in [*seen, *job.processes()]}.values())
+            rows.append(row)
+            out.write(json.dumps(row) + "\n")
+            out.flush()
+            time.sleep(args.every)
+    left = still_alive(seen)
+    kill_left(seen)
+    trends = report(rows, step_times(folder), started, 60.0 * args.warmup_minutes)
+    result = {"returncode": job.proc.returncode, "minutes": (time.time() - started) / 60, "samples": len(rows),
+              "left_alive": left, "trends": [{**asdict(t), "percent_per_h": t.percent_per_h} for t in trends]}
+    (folder / "report.json").write_text(json.dumps(result, indent=1))
+    print(f"{'figure':<20} {'n':>4} {'level':>10} {'slope/h':>10} {'95% interval/h':>24} {'%/h':>7}  verdict")
+    for t in trends:
+        print(f"{t.figure:<20} {t.samples:>4} {t.level:>10.2f} {t.slope_per_h:>+10.3f} "
+              f"[{t.low_per_h:>+10.3f}, {t.high_per_h:>+10.3f}] {t.percent_per_h:>+7.2f}  {t.verdict}")
+    print(json.dumps({k: v for k, v in result.items() if k != "trends"}))
+    return 0 if job.proc.returncode == 0 and not left else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

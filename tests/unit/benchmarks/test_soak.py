@@ -1,0 +1,40 @@
+"""The soak command's verdicts: a least-squares slope with its 95% interval against 1% of the level per hour."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from grpo_pipe.benchmarks.soak import report, trend
+
+HOURS = [i / 60 for i in range(60)]  # a sample a minute for an hour
+WIGGLE = [(-1) ** i * 0.5 for i in range(60)]  # +-0.5 around the level
+
+
+def test_a_level_that_only_wiggles_is_flat() -> None:
+    found = trend("rss_mib", HOURS, [1000 + w for w in WIGGLE])
+    assert found.verdict == "flat" and found.level == pytest.approx(1000, abs=0.01)
+    assert found.low_per_h < 0 < found.high_per_h and max(-found.low_per_h, found.high_per_h) < 10
+
+
+def test_two_percent_an_hour_grows_and_a_fall_as_fast_shrinks() -> None:
+    growing = trend("rss_mib", HOURS, [1000 + 20 * t + w for t, w in zip(HOURS, WIGGLE)])
+    assert growing.verdict == "grows" and growing.slope_per_h == pytest.approx(20, abs=0.5)
+    assert growing.percent_per_h == pytest.approx(2.0, abs=0.1)
+    assert trend("rss_mib", HOURS, [1000 - 20 * t + w for t, w in zip(HOURS, WIGGLE)]).verdict == "shrinks"
+
+
+def test_too_few_or_too_noisy_samples_are_undecided() -> None:
+    assert trend("threads", [0.0, 0.1], [10.0, 11.0]).verdict == "undecided"
+    assert math.isnan(trend("threads", [0.0, 0.1], [10.0, 11.0]).slope_per_h)
+    noisy = trend("step_s", HOURS[:6], [1.0, 3.0, 0.5, 2.5, 1.0, 3.0])
+    assert noisy.verdict == "undecided" and noisy.low_per_h < 0 < noisy.high_per_h
+
+
+def test_the_report_leaves_out_warm_up_and_what_follows_the_last_step() -> None:
+    rows = [{"t": 100.0 + 60 * i, "rss_mib": 500.0 if i < 5 or i > 50 else 1000.0 + WIGGLE[i]} for i in range(60)]
+    steps = [(100.0 + 60 * i, 1.0) for i in range(51)]  # the last step at minute 50; then evaluation and shutdown
+    trends = {t.figure: t for t in report(rows, steps, started=100.0, warmup_s=300.0)}
+    assert trends["rss_mib"].samples == 46 and trends["rss_mib"].verdict == "flat"
+    assert trends["step_s"].samples == 46 and trends["step_s"].verdict == "flat"
