@@ -7,8 +7,8 @@ resumed each time with the command it printed, then checked as a whole.
         'environment.tools=[grpo_pipe.benchmarks.chaos:calculator]' \\
         environment.call_format._target_=tests.fixtures.call_formats.EveryTurnCalls
 
-Each kill picks a phase (generation, a tool call, the reward, the update, a weight sync, a checkpoint write) and a
-step two or three after the last checkpoint, holds the job there (`runtime.halt`: no timing window, the job is
+Each kill picks a phase (generation, a tool call, the reward, the update, a weight sync, a checkpoint write; in rounds
+that each hold every phase once, in random order) and a step two or three after the last checkpoint, holds the job there (`runtime.halt`: no timing window, the job is
 inside that phase when it dies) and SIGKILLs its main process only, as the kernel would. The next attempt runs the
 command the last checkpoint's log line printed (`continue with: python -m grpo_pipe resume=...`), its own output in
 `--out`. After the last attempt has run to the end, the checks:
@@ -131,15 +131,26 @@ class ChaosRun:
         return json.loads((found[-1] / "loop.json").read_text()) if found else {}
 
 
-def pick_point(rng: random.Random, last_checkpoint: int, steps: int) -> str:
-    """A phase and a moment two or three steps past the last checkpoint (every kill leaves the run a step further).
-    Before the first checkpoint no tool call is picked: the first calls are the untrained model's evaluation, and a
-    run killed before its first checkpoint has nothing to resume."""
-    phase = rng.choice(PHASES if last_checkpoint > 0 else [p for p in PHASES if p != "tool"])
-    step = min(last_checkpoint + rng.choice((2, 3)), steps)
+def pick_point(rng: random.Random, phase: str, last_checkpoint: int, steps: int) -> str:
+    """The moment to kill `phase`: two or three steps past the last checkpoint (every kill leaves the run a step
+    further), or for a tool call its n-th call in the attempt."""
     if phase == "tool":
-        return f"tool@{rng.randint(1, 60)}"  # the n-th tool call of the attempt
-    return f"{phase}@{step}"  # a sync is numbered by the version it pushes: the step's
+        return f"tool@{rng.randint(1, 60)}"
+    return f"{phase}@{min(last_checkpoint + rng.choice((2, 3)), steps)}"  # a sync is numbered by the version it pushes
+
+
+def phase_order(rng: random.Random, kills: int) -> list[str]:
+    """`kills` phases in rounds, each round every phase once in a random order, so ten kills meet all six phases.
+    The first is never a tool call: the first calls are the untrained model's evaluation, and a run killed before
+    its first checkpoint has nothing to resume."""
+    order: list[str] = []
+    while len(order) < kills:
+        round_ = list(PHASES)
+        rng.shuffle(round_)
+        order += round_
+    if order[0] == "tool":
+        order[0], order[1] = order[1], order[0]
+    return order[:kills]
 
 
 def files_under(roots: Sequence[Path], skip: Path) -> dict[str, tuple[int, int]]:
@@ -216,10 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = ChaosRun(args.out, args.overrides)
     watch = args.watch if args.watch is not None else [Path("outputs").resolve(), cache_dir()]
     before = files_under(watch, skip=run.folder)
-    for _ in range(args.kills):
+    for phase in phase_order(rng, args.kills):
         if run.last_checkpoint_step() >= args.steps:
             break
-        point = pick_point(rng, run.last_checkpoint_step(), args.steps)
+        point = pick_point(rng, phase, run.last_checkpoint_step(), args.steps)
         attempt = run.attempt(point)
         print(json.dumps(asdict(attempt)), flush=True)
         if not attempt.killed:  # the point was never reached: the run ended (finished or failed) on its own
