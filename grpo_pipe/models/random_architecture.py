@@ -23,12 +23,17 @@ QWEN25: dict[str, dict[str, Any]] = {  # Qwen2Config fields
     "qwen2.5-7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                        intermediate_size=18944, tie_word_embeddings=False),
 }
+# Qwen3 (Qwen3Config fields): the 0.6B is the shape of prime-rl's published trainer benchmark.
+QWEN3: dict[str, dict[str, Any]] = {
+    "qwen3-0.6b": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, intermediate_size=3072, tie_word_embeddings=True),
+}
 
 
 class RandomArchitectureModel(FolderModelSource):
     """A random-init model with a published architecture's shapes (tokenizer: the tiny model's)."""
 
-    def __init__(self, arch: Literal["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b"] = "qwen2.5-1.5b") -> None:
+    def __init__(self, arch: Literal["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-0.6b"] = "qwen2.5-1.5b") -> None:
         self.arch = arch
 
     def fetch_folder(self) -> Path:
@@ -43,8 +48,8 @@ def benchmark_model(name: str) -> Path:
         from grpo_pipe.models.smollm2 import GgufOrHubModel
 
         return GgufOrHubModel().materialize()
-    if name not in QWEN25:
-        raise SystemExit(f"--models: unknown {name!r}; allowed: tiny, smollm2-135m, {', '.join(QWEN25)}")
+    if name not in QWEN25 and name not in QWEN3:
+        raise SystemExit(f"--models: unknown {name!r}; allowed: tiny, smollm2-135m, {', '.join([*QWEN25, *QWEN3])}")
     tokenizer_source = TinyRandomModel().materialize()  # any tokenizer works: only the vocab size matters
     return build_once(env.cache_dir() / "models" / f"random-{name}",
                       lambda out: in_child_process(_build, name, out, tokenizer_source), f"random-init {name}")
@@ -64,12 +69,13 @@ def in_child_process(function: Callable[..., None], *args: Any) -> None:
 
 def _build(name: str, out: Path, tokenizer_source: Path) -> None:
     import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_source)
-    config = Qwen2Config(**QWEN25[name], vocab_size=151936, max_position_embeddings=4096,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config_class, model_class = (Qwen3Config, Qwen3ForCausalLM) if name in QWEN3 else (Qwen2Config, Qwen2ForCausalLM)
+    config = config_class(**{**QWEN25, **QWEN3}[name], vocab_size=151936, max_position_embeddings=4096,
+                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
-        model = Qwen2ForCausalLM(config).bfloat16()
+        model = model_class(config).bfloat16()
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

@@ -42,7 +42,8 @@ def summary_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
         f" | mismatch {shown(metrics.get('mismatch/logprob_abs_mean'), '.4f')}"
         f" clip {shown(trained(metrics, 'train/clip_fraction'), '.3f')}"
         f" | gen {metrics.get('rollout/tokens_per_s', 0.0):.0f} tok/s"
-        f" | step {metrics.get('time/step_s', 0.0):.1f}s"
+        + train_speed(metrics)
+        + f" | step {metrics.get('time/step_s', 0.0):.1f}s"
         f" | sync {metrics.get('sync/total_s', 0.0) * 1000:.0f}ms v{int(metrics.get('policy/version', 0))}"
         f" | lag {metrics.get('async/staleness_mean', 0.0):.1f} queue {int(metrics.get('async/queue_depth', 0))}"
         f" dropped {int(metrics.get('async/groups_dropped_total', 0))}"
@@ -50,6 +51,14 @@ def summary_line(step: int, total: int, metrics: Mapping[str, float]) -> str:
         + (f" | gpu {metrics['memory/device_used_gib']:.1f} GiB used" if "memory/device_used_gib" in metrics else "")
         + (episode_part(metrics) if "episodes/turns_mean" in metrics else "")
     )
+
+
+def train_speed(metrics: Mapping[str, float]) -> str:
+    """The update's tokens per second and MFU ("mfu n/a" where the device's peak is not known), when it ran."""
+    if "train/tokens_per_s" not in metrics:
+        return ""
+    return (f" | train {metrics['train/tokens_per_s']:.0f} tok/s"
+            f" mfu {shown(metrics.get('train/mfu', math.nan) * 100, '.1f')}{'%' if 'train/mfu' in metrics else ''}")
 
 
 def trained(metrics: Mapping[str, float], key: str) -> float | None:

@@ -49,6 +49,7 @@ HEADLINE = {
     "eval/accuracy": "Headline/eval_accuracy",
     "sync/total_s": "Headline/sync_s",
     "rollout/tokens_per_s": "Headline/rollout_tokens_per_s",
+    "train/mfu": "Headline/train_mfu",
     "time/step_s": "Headline/step_s",
 }
 

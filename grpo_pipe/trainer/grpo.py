@@ -120,6 +120,7 @@ class GRPOTrainer:
         self.decoder: torch.nn.Module | None = None  # the model below its head (packed)
         self.shape: ModelShape | None = None  # for the FLOP count (train/mfu); None: the config lacks the numbers
         self.peak: float | None = None  # the device's dense bf16 peak, FLOP/s; None: not known
+        self.fused_head = False  # the head's log-softmax compiled into one function (with compiled layers; lm_head.py)
         self.dtypes = Precision(torch.float32, None)  # resolved for the device in setup
         self.version = 0  # bumped by every step that applied at least one optimizer update
         self.bad_steps_in_a_row = 0
@@ -153,14 +154,22 @@ class GRPOTrainer:
         self._set_up_packing()
         self._set_up_throughput()
         if compile_on(self.precision.compile, device) and self.policy.module is not None:
-            compile_layers(self.policy.module)
+            compile_layers(self.policy.module, packed=self.packed)
+            self.fused_head = self.packed
             warm_up(self.policy.module, self.pad_id, device, self.dtypes.autocast, self.logits_to_keep,
-                    packed=self.packed)
+                    score=self._warm_up_score if self.packed else None)
             self.width_multiple = COMPILED_WIDTH_MULTIPLE
         if self.loss.needs_reference:
             self.policy.keep_reference()
         self.optimizer = self.optimisation.make_optimizer(self.policy.trainable_parameters())
         self.scheduler = self.optimisation.make_scheduler(self.optimizer, self.steps)
+
+    def _warm_up_score(self, samples: list[TrainSample]) -> torch.Tensor:
+        """A packed micro-batch's log-probs and entropy through the trainer's own path (compiles what training runs)."""
+        batch = pack(samples, self.device, COMPILED_WIDTH_MULTIPLE)
+        logprobs, entropy = self._policy_scores(batch, 1.0, entropy_grad=True, need_entropy=True)
+        assert entropy is not None
+        return logprobs + entropy
 
     def _set_up_packing(self) -> None:
         """Packed micro-batches need the model's attention switched to the packed kind and its head apart from its
@@ -296,7 +305,7 @@ class GRPOTrainer:
         assert module is not None and self.optimizer is not None, "trainer used before setup()"
         self.optimizer.zero_grad(set_to_none=True)
         first_pass = not cache.proximal
-        loss_sum, stats, mismatch = 0.0, [], MismatchSums()
+        loss_sum, stats, mismatch = torch.zeros((), device=self.device), [], MismatchSums()
         bonus = self.loss.entropy_coef > 0  # the entropy is then a term of the loss, with its gradient
         for index, part in enumerate(plan.cuts):
             samples = plan.active[part.start : part.stop]
@@ -317,9 +326,9 @@ class GRPOTrainer:
                 entropy=entropy if bonus else None,
             )
             loss.backward()
-            loss_sum += float(loss.detach())
+            loss_sum += loss.detach()  # read once after the pass: a read per micro-batch would wait for the device
             stats.append(step_stats)
-        return {"train/loss": loss_sum, **loss_metrics(stats), **(mismatch.metrics() if first_pass else {})}
+        return {"train/loss": float(loss_sum), **loss_metrics(stats), **(mismatch.metrics() if first_pass else {})}
 
     def _policy_scores(self, batch: MicroBatch | PackedBatch, temperature: float, entropy_grad: bool,
                        need_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -333,11 +342,13 @@ class GRPOTrainer:
                 if self.decoder is not None and self.head is not None:
                     hidden = self.decoder(**batch.model_inputs()).last_hidden_state  # [1, N, H]
                     scored = hidden[0].index_select(0, batch.predicting)  # [M, H]
-                    logprobs, entropy = head_logprobs(scored, self.head, batch.targets, temperature, entropy_grad)
+                    logprobs, entropy = head_logprobs(scored, self.head, batch.targets, temperature, entropy_grad,
+                                                      fused=self.fused_head)
                 else:  # the whole model, its head on the scored positions only
                     inputs = {**batch.model_inputs(), "logits_to_keep": batch.predicting}
                     logits = module(**inputs).logits[0]  # [M, V]
-                    logprobs, entropy = logits_logprobs(logits, batch.targets, temperature, entropy_grad)  # [M]
+                    logprobs, entropy = logits_logprobs(logits, batch.targets, temperature, entropy_grad,
+                                                        fused=self.fused_head)  # [M]
             return batch.scatter(logprobs), batch.scatter(entropy)
         with self.dtypes.autocast(self.device):
             logits = module(**batch.model_inputs(self.logits_to_keep)).logits  # [B, T + 1 or P + T, V]
@@ -353,7 +364,7 @@ class GRPOTrainer:
             if isinstance(batch, PackedBatch):  # the frozen model's head on the scored positions only
                 inputs = {**batch.model_inputs(), "logits_to_keep": batch.predicting}
                 logits = self.policy.reference_logits(inputs)[0]  # [M, V]
-                return batch.scatter(logits_logprobs(logits, batch.targets, temperature)[0])  # [B, T]
+                return batch.scatter(logits_logprobs(logits, batch.targets, temperature, fused=self.fused_head)[0])
             logits = self.policy.reference_logits(batch.model_inputs(self.logits_to_keep))
             return completion_logprobs(logits, batch, temperature)  # [B, T]
 

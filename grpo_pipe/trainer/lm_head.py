@@ -1,15 +1,22 @@
-"""Log-probs and entropy of the scored tokens straight from the last hidden states, a chunk of rows at a time.
+"""Log-probs and entropy of the scored tokens straight from the last hidden states, never an fp32 [tokens x vocab].
 
 The vocabulary projection of a micro-batch is the largest tensor of the step: [tokens x 151936] for a Qwen model,
-9.7 GB in fp32 for 16 k tokens, and as much again for its gradient. Here the lm head runs on `HEAD_CHUNK_ELEMENTS`
-logits at a time; each chunk's log-softmax, the sampled token's log-prob and the entropy are taken in fp32 and the
-chunk's logits are dropped at once; the backward pass computes each chunk's logits again (activation
-checkpointing), so no [tokens x vocabulary] tensor is ever held. Only the scored positions (the completion tokens
-the model sampled) are projected at all, never a prompt's or an environment's token.
+9.7 GB in fp32 for 16 k tokens, and as much again for its gradient. Only the scored positions (the completion
+tokens the model sampled) are projected at all, never a prompt's or an environment's token. Then, two ways:
+- `fused` (with compiled layers, i.e. on a GPU by default): the head's logits stay in the compute dtype (bf16) and
+  one compiled function takes the fp32 log-softmax, the sampled token's log-prob and the entropy in registers, and
+  its backward writes the logits' gradient in one pass. Measured on an H200 at 0.5B, autograd's own ops for the same
+  (a float copy, logsumexp, gather and their backward, each a pass over [tokens x vocab]) took 38% of the update's
+  device time (BENCHMARKS.md).
+- otherwise: the head runs on `HEAD_CHUNK_ELEMENTS` logits at a time, each chunk's fp32 log-softmax taken and
+  dropped at once and computed again in the backward pass (activation checkpointing), so no [tokens x vocabulary]
+  tensor is held at all.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -38,10 +45,12 @@ def causal_lm_parts(module: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
 
 
 def head_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, temperature: float,
-                  entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                  entropy_grad: bool = False, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden [M, H] (the outputs that predict the scored tokens), targets [M] ->
     (log pi(target) at `temperature` [M] fp32, the policy's entropy at each position [M] fp32, with a gradient only
-    when `entropy_grad`)."""
+    when `entropy_grad`). `fused`: see the module docstring."""
+    if fused:
+        return logits_logprobs(head(hidden), targets, temperature, entropy_grad, fused=True)  # [M, V] bf16 logits
     rows = max(1, HEAD_CHUNK_ELEMENTS // max(head_width(head), 1))
     logprobs, entropies = [], []
     for start in range(0, hidden.shape[0], rows):
@@ -69,10 +78,14 @@ def head_width(head: torch.nn.Module) -> int:
 
 
 def logits_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                    entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """As `head_logprobs`, from logits already projected ([M, V], e.g. bf16): the fp32 log-softmax is taken a chunk
-    of rows at a time and recomputed in the backward pass, so only the logits themselves are held. For a model
-    whose head cannot be run apart from it (a sharded root module: its hooks gather the head's weights)."""
+                    entropy_grad: bool = False, fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """As `head_logprobs`, from logits already projected ([M, V], e.g. bf16): the fp32 log-softmax is taken in one
+    compiled function (`fused`) or a chunk of rows at a time, recomputed in the backward pass, so only the logits
+    themselves are held. Also for a model whose head cannot be run apart from it (a sharded root module: its hooks
+    gather the head's weights)."""
+    if fused:
+        logprob, entropy = _fused_from_logits()(logits, targets, temperature)
+        return logprob, entropy if entropy_grad else entropy.detach()
     rows = max(1, HEAD_CHUNK_ELEMENTS // max(logits.shape[-1], 1))
     logprobs, entropies = [], []
     for start in range(0, logits.shape[0], rows):
@@ -103,3 +116,10 @@ def _from_logits(logits: torch.Tensor, targets: torch.Tensor, temperature: float
     logprob = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normaliser  # [m]
     entropy = normaliser - (torch.softmax(scaled, dim=-1) * scaled).sum(dim=-1)  # [m] H = log Z - E[z]
     return logprob, entropy
+
+
+@functools.cache
+def _fused_from_logits() -> Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]:
+    """`_from_logits` compiled once per process, for any number of rows."""
+    return cast(Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]],
+                torch.compile(_from_logits, dynamic=True))

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 ATTENTION_NAME = "grpo_pipe_packed"
 
 
+@torch.compiler.disable  # one opaque kernel: nothing to fuse, and its Python (bounds, lengths) is not the graph's
 def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
                      **kwargs: Any) -> tuple[torch.Tensor, None]:
@@ -32,19 +33,33 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
     if bounds is None or attention_mask is not None:
         raise ValueError("packed attention needs a packed batch's cu_seq_lens_q and no attention mask "
                          "(trainer/packing.py builds both)")
-    if query.is_cuda and _varlen() is not None:
-        return _varlen_attention(query, key, value, bounds, int(kwargs["max_length_q"]), scaling), None
+    half = _half_dtype(query)
+    if half is not None and _varlen() is not None:
+        q, k, v = (x.to(half) for x in (query, key, value))  # RoPE leaves q and k in fp32 under autocast
+        return _varlen_attention(q, k, v, bounds, int(kwargs["max_length_q"]), scaling), None
     return _per_sequence_attention(query, key, value, bounds, scaling), None
+
+
+def _half_dtype(query: torch.Tensor) -> torch.dtype | None:
+    """The 16-bit dtype FlashAttention computes in here (the autocast dtype, or the inputs' own), or None: not on a
+    GPU, or in fp32 without autocast (then scaled-dot-product attention, which takes any dtype)."""
+    if not query.is_cuda:
+        return None
+    if torch.is_autocast_enabled("cuda"):
+        dtype = torch.get_autocast_dtype("cuda")
+    else:
+        dtype = query.dtype
+    return dtype if dtype in (torch.float16, torch.bfloat16) else None
 
 
 def _per_sequence_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bounds: torch.Tensor,
                             scaling: float | None) -> torch.Tensor:
-    outputs = []
+    """Split, not sliced: the backward of a split is one concatenation, a slice's is a zero tensor of the whole row."""
     edges = bounds.tolist()
-    for start, end in zip(edges, edges[1:]):
-        outputs.append(F.scaled_dot_product_attention(
-            query[:, :, start:end], key[:, :, start:end], value[:, :, start:end], is_causal=True, scale=scaling,
-            enable_gqa=key.shape[1] != query.shape[1]))  # [1, Hq, L, D]
+    lengths = [b - a for a, b in zip(edges, edges[1:])]
+    gqa = key.shape[1] != query.shape[1]
+    outputs = [F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=gqa)  # [1, Hq, L, D]
+               for q, k, v in zip(query.split(lengths, dim=2), key.split(lengths, dim=2), value.split(lengths, dim=2))]
     return torch.cat(outputs, dim=2).transpose(1, 2)  # [1, N, Hq, D]
 
 

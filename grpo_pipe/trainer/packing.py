@@ -29,7 +29,7 @@ class PackedBatch:
     input_ids: torch.Tensor  # [1, N] every sequence's prompt then completion, end to end
     position_ids: torch.Tensor  # [1, N] restarting at 0 with each sequence
     cu_seq_lens: torch.Tensor  # [B + 1] int32 where each sequence starts in the row, then N
-    max_length: int  # the longest L_i
+    max_length: int  # at least the longest L_i: a power of two, so a compiled layer sees few distinct values
     predicting: torch.Tensor  # [M] the row positions whose outputs predict the scored tokens (M = completion_mask.sum())
     targets: torch.Tensor  # [M] the scored tokens, the ones the engine sampled
     completion_mask: torch.Tensor  # [B, T] 1 on completion tokens the model sampled (0 on padding, environment tokens)
@@ -78,23 +78,22 @@ def pack(samples: Sequence[TrainSample], device: torch.device, width_multiple: i
     ids: list[int] = []
     positions: list[int] = []
     starts: list[int] = [0]
-    predicting: list[int] = []
-    targets: list[int] = []
+    predicting: list[torch.Tensor] = []
+    targets: list[torch.Tensor] = []
     width = max(max(len(s.completion_ids) for s in samples), 1)
     completion_mask = torch.zeros((len(samples), width), dtype=torch.float32)
     logprobs = torch.zeros((len(samples), width), dtype=torch.float32)
     for row, sample in enumerate(samples):
-        begin, prompt = len(ids), len(sample.prompt_ids)
+        begin, prompt, count = len(ids), len(sample.prompt_ids), len(sample.completion_ids)
         ids += [*sample.prompt_ids, *sample.completion_ids]
         positions += range(len(ids) - begin)
         starts.append(len(ids))
-        count = len(sample.completion_ids)
-        mask = sample.loss_mask if sample.loss_mask is not None else (True,) * count
-        for t, scored in enumerate(mask):  # the output at the token before t predicts completion token t
-            if scored:
-                predicting.append(begin + prompt + t - 1)
-                targets.append(sample.completion_ids[t])
-        completion_mask[row, :count] = torch.tensor(mask, dtype=torch.float32)
+        mask = torch.ones(count, dtype=torch.bool) if sample.loss_mask is None else torch.tensor(sample.loss_mask,
+                                                                                                  dtype=torch.bool)
+        # the output at the token before completion token t predicts it
+        predicting.append((torch.arange(count) + (begin + prompt - 1))[mask])
+        targets.append(torch.tensor(sample.completion_ids, dtype=torch.long)[mask])
+        completion_mask[row, :count] = mask
         logprobs[row, :count] = torch.tensor(sample.sampling_logprobs, dtype=torch.float32)
     fill = -len(ids) % width_multiple
     if fill:  # a sequence of its own, so it changes no real sequence's attention
@@ -103,13 +102,21 @@ def pack(samples: Sequence[TrainSample], device: torch.device, width_multiple: i
         starts.append(len(ids))
     lengths = [b - a for a, b in zip(starts, starts[1:])]
     return PackedBatch(
-        input_ids=torch.tensor([ids], dtype=torch.long).to(device),
-        position_ids=torch.tensor([positions], dtype=torch.long).to(device),
-        cu_seq_lens=torch.tensor(starts, dtype=torch.int32).to(device),
-        max_length=max(lengths),
-        predicting=torch.tensor(predicting, dtype=torch.long).to(device),
-        targets=torch.tensor(targets, dtype=torch.long).to(device),
-        completion_mask=completion_mask.to(device),
-        sampling_logprobs=logprobs.to(device),
-        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
+        input_ids=_to(torch.tensor([ids], dtype=torch.long), device),
+        position_ids=_to(torch.tensor([positions], dtype=torch.long), device),
+        cu_seq_lens=_to(torch.tensor(starts, dtype=torch.int32), device),
+        max_length=1 << (max(lengths) - 1).bit_length(),
+        predicting=_to(torch.cat(predicting), device),
+        targets=_to(torch.cat(targets), device),
+        completion_mask=_to(completion_mask, device),
+        sampling_logprobs=_to(logprobs, device),
+        advantages=_to(torch.tensor([s.advantage for s in samples], dtype=torch.float32), device),
     )
+
+
+def _to(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """To the device without waiting for it: a copy from pageable host memory waits for everything queued before
+    it (the last micro-batch's backward), and the device would idle while the host then builds the next forward."""
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)

@@ -43,3 +43,13 @@ def test_the_step_line_says_n_a_for_what_a_step_could_not_measure() -> None:
                                    "train/clip_fraction": 0.1})
     assert "loss n/a" in summary_line(5, 10, {"train/loss": 0.0, "train/update_applied": 1.0, "train/active_samples": 0.0})
     assert "loss -0.2500" in trained and "clip 0.100" in trained
+
+
+def test_the_step_line_shows_the_updates_speed_and_mfu_only_where_the_peak_is_known() -> None:
+    from grpo_pipe.runner.progress import summary_line
+
+    on_gpu = summary_line(2, 10, {"train/tokens_per_s": 51234.4, "train/mfu": 0.2093})
+    assert "train 51234 tok/s mfu 20.9%" in on_gpu
+    on_cpu = summary_line(2, 10, {"train/tokens_per_s": 812.0})
+    assert "train 812 tok/s mfu n/a" in on_cpu and "nan" not in on_cpu
+    assert "train " not in summary_line(2, 10, {})  # no update ran: nothing to show
