@@ -47,6 +47,7 @@ NO_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="the gpu tier 
 # so two local clusters never run side by side (a second `ray.init()` may join the first one's cluster).
 RAY_MODULES = {
     "tests/integration/placement/test_split.py",
+    "tests/integration/placement/test_split_kill.py",
     "tests/integration/placement/test_multinode.py",
     "tests/integration/trainer/test_sharded.py",
 }

@@ -8,8 +8,9 @@ resumed each time with the command it printed, then checked as a whole.
         environment.call_format._target_=tests.fixtures.call_formats.EveryTurnCalls
 
 Each kill picks a phase (generation, a tool call, the reward, the update, a weight sync, a checkpoint write; in rounds
-that each hold every phase once, in random order) and a step two or three after the last checkpoint, holds the job there (`runtime.halt`: no timing window, the job is
-inside that phase when it dies) and SIGKILLs its main process only, as the kernel would. The next attempt runs the
+that each hold every phase once, in random order) and a step two or three after the last checkpoint, holds the job
+there (`runtime.halt`: no timing window, the job is inside that phase when it dies) and SIGKILLs its main process only,
+as the kernel would. The next attempt runs the
 command the last checkpoint's log line printed (`continue with: python -m grpo_pipe resume=...`), its own output in
 `--out`. After the last attempt has run to the end, the checks:
 
@@ -41,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_pipe.benchmarks.job_processes import Job, kill_left, start_job, still_alive, wait_held_or_ended
+from grpo_pipe.benchmarks.job_processes import kill_left, start_job, still_alive, wait_held_or_ended
 from grpo_pipe.episodes.tools.calculator import Calculator
 from grpo_pipe.rollout.ledger import IN_FLIGHT, TRAINED
 from grpo_pipe.runtime.env import cache_dir

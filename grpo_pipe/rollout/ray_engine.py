@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ import torch
 
 from grpo_pipe.rollout.errors import EngineLost
 from grpo_pipe.rollout.vllm_engine import VllmEngine
+from grpo_pipe.runtime.halt import halt_point
 from grpo_pipe.types import GeneratedBatch, SamplingSettings
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ class EngineHost:
         # else `rollout.layout.in_process=false`: a core process of its own (vLLM's fastest layout on a GPU); syncs
         # still land mid-generation, through vLLM's pause/resume (in_flight.py)
         self.engine = engine
+        self.worker_calls: Counter[str] = Counter()  # calls so far by method: the n of a test's hold point
         for name, level in log_levels.items():  # the driver's logging config does not reach this process
             logging.getLogger(name).setLevel(level)
 
@@ -62,6 +65,10 @@ class EngineHost:
         return self.engine.generation_steps()
 
     def call_workers(self, method: str, args: tuple[Any, ...], timeout_s: float | None) -> list[Any]:
+        self.worker_calls[method] += 1
+        # A test's kill point inside a sync (`grpo_receive_weights@2`: the trainer sending, this replica not yet
+        # receiving); a no-op otherwise.
+        halt_point(method, self.worker_calls[method])
         return self.engine.call_workers(method, *args, timeout_s=timeout_s)
 
     def after_external_weight_update(self) -> None:

@@ -4,7 +4,10 @@
 The points: `generation` (a step's rollouts about to be taken), `reward` (the step's rollouts taken, not yet
 scored), `update` (the optimizer step done, its weights neither synced nor saved), `sync` (a weight sync begun: the
 placement has handed the device over, the weights not yet pushed; numbered by the policy version it pushes),
-`checkpoint` (the trainer state written into a checkpoint's temporary folder, the manifest not yet). A real run never sets the variable and passes each point at the cost of one lookup.
+`checkpoint` (the trainer state written into a checkpoint's temporary folder, the manifest not yet). An engine in a Ray
+actor also holds at the n-th call of a worker method (`grpo_receive_weights@2`: inside the second weight sync, the
+trainer sending, the engine not yet receiving). A real run never sets the variable and passes each point at the cost
+of one lookup.
 """
 
 from __future__ import annotations
