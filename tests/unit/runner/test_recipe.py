@@ -34,6 +34,10 @@ def test_a_step_trains_on_scored_rollouts_then_syncs_and_records(tmp_path: Path)
     assert metrics["policy/version"] == 1.0 and metrics["sync/policy_version"] == 1.0
     assert metrics["sync/total_s"] >= 0.0 and metrics["curriculum/updates"] == 1.0
     assert recipe.recorder.step_rewards == [0.5] and len(recipe.recorder.table) == 4
+    # The ledger after the step: its two groups trained, the next step's two already in flight (scheduled in step 7).
+    assert {k: v for k, v in metrics.items() if k.startswith("ledger/")} == {
+        "ledger/submitted": 4.0, "ledger/trained": 2.0, "ledger/dropped": 0.0, "ledger/in_flight": 2.0,
+        "ledger/repeated": 0.0, "ledger/balanced": 1.0}
 
 
 def test_on_policy_loop_trains_every_step_on_the_previous_version(tmp_path: Path) -> None:
