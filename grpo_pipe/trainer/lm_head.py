@@ -51,21 +51,8 @@ def head_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Te
     when `entropy_grad`). `fused`: see the module docstring."""
     if fused:
         return logits_logprobs(head(hidden), targets, temperature, entropy_grad, fused=True)  # [M, V] bf16 logits
-    rows = max(1, HEAD_CHUNK_ELEMENTS // max(head_width(head), 1))
-    logprobs, entropies = [], []
-    for start in range(0, hidden.shape[0], rows):
-        part, wanted = hidden[start : start + rows], targets[start : start + rows]
-        if torch.is_grad_enabled() and part.requires_grad:
-            logprob, entropy = cast(tuple[torch.Tensor, torch.Tensor],
-                                    checkpoint(_chunk, head, part, wanted, temperature, use_reentrant=False))
-        else:
-            logprob, entropy = _chunk(head, part, wanted, temperature)
-        logprobs.append(logprob)
-        entropies.append(entropy if entropy_grad else entropy.detach())
-    if not logprobs:
-        empty = hidden.new_zeros(0, dtype=torch.float32)
-        return empty, empty
-    return torch.cat(logprobs), torch.cat(entropies)
+    return _in_chunks(functools.partial(_head_chunk, head), hidden, targets, temperature, head_width(head),
+                      entropy_grad)
 
 
 def head_width(head: torch.nn.Module) -> int:
@@ -86,25 +73,35 @@ def logits_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     if fused:
         logprob, entropy = _fused_from_logits()(logits, targets, temperature)
         return logprob, entropy if entropy_grad else entropy.detach()
-    rows = max(1, HEAD_CHUNK_ELEMENTS // max(logits.shape[-1], 1))
+    return _in_chunks(_from_logits, logits, targets, temperature, logits.shape[-1], entropy_grad)
+
+
+ChunkScore = Callable[[torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _in_chunks(score: ChunkScore, rows_in: torch.Tensor, targets: torch.Tensor, temperature: float, vocab: int,
+               entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`score` over `HEAD_CHUNK_ELEMENTS` logits' worth of rows at a time, each chunk recomputed in the backward
+    pass (activation checkpointing) when it needs a gradient. rows_in [M, ...], targets [M] -> [M], [M]."""
+    rows = max(1, HEAD_CHUNK_ELEMENTS // max(vocab, 1))
     logprobs, entropies = [], []
-    for start in range(0, logits.shape[0], rows):
-        part, wanted = logits[start : start + rows], targets[start : start + rows]
+    for start in range(0, rows_in.shape[0], rows):
+        part, wanted = rows_in[start : start + rows], targets[start : start + rows]
         if torch.is_grad_enabled() and part.requires_grad:
             logprob, entropy = cast(tuple[torch.Tensor, torch.Tensor],
-                                    checkpoint(_from_logits, part, wanted, temperature, use_reentrant=False))
+                                    checkpoint(score, part, wanted, temperature, use_reentrant=False))
         else:
-            logprob, entropy = _from_logits(part, wanted, temperature)
+            logprob, entropy = score(part, wanted, temperature)
         logprobs.append(logprob)
         entropies.append(entropy if entropy_grad else entropy.detach())
     if not logprobs:
-        empty = logits.new_zeros(0, dtype=torch.float32)
+        empty = rows_in.new_zeros(0, dtype=torch.float32)
         return empty, empty
     return torch.cat(logprobs), torch.cat(entropies)
 
 
-def _chunk(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
-           temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _head_chunk(head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor,
+                temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """[m, H], [m] -> log-prob [m] and entropy [m] of the head's softmax at `temperature`, in fp32."""
     return _from_logits(head(hidden), targets, temperature)
 
