@@ -11,34 +11,69 @@ from grpo_pipe.interfaces.training import ShardedState
 
 @runtime_checkable
 class CheckpointStore(Protocol):
-    """Where whole training states and the best model so far are written."""
+    """Where whole training states and the best model so far are written.
+
+    Attributes:
+        best_metric: The evaluation metric that picks the best model (higher is better); None: no `best/` export.
+        best_value: Its best value so far, or None before the first evaluation.
+    """
 
     best_metric: str | None  # the evaluation metric that picks the best model (higher is better)
     best_value: float | None
 
     def attach(self, output_dir: Path) -> None:
-        """A new run: write under this run's output folder (or the configured directory)."""
+        """A new run: write under this run's output folder (or the configured directory).
+
+        Args:
+            output_dir: The run's output folder.
+        """
         ...
 
     def resume_in(self, root: Path) -> None:
-        """A resumed run: keep writing into the checkpoint folder it was resumed from."""
+        """A resumed run: keep writing into the checkpoint folder it was resumed from.
+
+        Args:
+            root: The folder holding the checkpoint the run resumed from.
+        """
         ...
 
     def set_best(self, value: float | None) -> None:
-        """The best value so far without an export (the untrained baseline, or a resumed run's)."""
+        """The best value so far without an export (the untrained baseline, or a resumed run's).
+
+        Args:
+            value: The best metric value so far, or None for none yet.
+        """
         ...
 
-    def due(self, step: int, last_step: int) -> bool: ...
+    def due(self, step: int, last_step: int) -> bool:
+        """Whether a checkpoint is written after `step`.
+
+        Args:
+            step: The step just trained.
+            last_step: The run's last step (a run always saves at its end).
+        """
+        ...
 
     def save(self, step: int, trainer_state: Mapping[str, Any] | ShardedState, loop_state: Mapping[str, Any],
              config_yaml: str) -> Any:
         """Write one checkpoint atomically; returns it (with its `path`), or None when a failed write was
-        only warned about (a failure that stops the run raises). `trainer_state`: the trainer's state, or a
-        trainer whose ranks write their own shards."""
+        only warned about (a failure that stops the run raises).
+
+        Args:
+            step: The step the state is after.
+            trainer_state: The trainer's state, or a trainer whose ranks write their own shards.
+            loop_state: The recipe's own state beyond the trainer's (plain data, written as `loop.json`).
+            config_yaml: The run's resolved config, written beside the state.
+        """
         ...
 
     def consider_best(self, metrics: Mapping[str, float], export: Callable[[Path], None]) -> bool:
-        """Export a new `best/` through `export(folder)` if `metrics` beat the best so far."""
+        """Export a new `best/` through `export(folder)` if `metrics` beat the best so far.
+
+        Args:
+            metrics: A held-out evaluation's metrics; `best_metric` is read from them.
+            export: Writes the model into the folder it is given (the policy's `save_pretrained`).
+        """
         ...
 
     def latest(self) -> Any:
@@ -48,7 +83,11 @@ class CheckpointStore(Protocol):
 
 @runtime_checkable
 class Tracker(Protocol):
-    """Experiment tracking: params, metrics, artifacts."""
+    """Experiment tracking: params, metrics, artifacts.
+
+    Attributes:
+        run_id: The tracker's id of the open run (what a resumed job continues), or None before `start`.
+    """
 
     run_id: str | None
 
@@ -60,35 +99,79 @@ class Tracker(Protocol):
         resume_run_id: str | None = None,
         output_dir: Path | None = None,
     ) -> None:
-        """Open the run (or continue `resume_run_id`); `output_dir` is the job's folder, where a tracker may leave
-        what it could not deliver."""
+        """Open the run (or continue `resume_run_id`).
+
+        Args:
+            run_name: The run's display name.
+            tags: Facts known at the start (config choices, the machine), set on the run.
+            sweep_dir: The sweep's folder when the run is one job of a sweep (its runs are nested under one parent).
+            resume_run_id: The id of the run a resumed job continues, or None for a new run.
+            output_dir: The job's folder, where a tracker may leave what it could not deliver.
+        """
         ...
 
     def logged_steps(self, key: str) -> set[int]:
-        """Steps already logged for `key` (empty for a new run)."""
+        """Steps already logged for `key` (empty for a new run).
+
+        Args:
+            key: A metric key, e.g. `train/reward/mean`.
+        """
         ...
 
-    def log_params(self, params: Mapping[str, Any]) -> None: ...
+    def log_params(self, params: Mapping[str, Any]) -> None:
+        """Record the run's settings once, at its start.
+
+        Args:
+            params: Flattened config keys and their values.
+        """
+        ...
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
-        """Must not wait on the network for long: a tracking server that is away cannot hold training up."""
+        """Must not wait on the network for long: a tracking server that is away cannot hold training up.
+
+        Args:
+            metrics: Metric values under `section/name/sub` keys.
+            step: The training step they belong to.
+        """
         ...
 
     def set_tags(self, tags: Mapping[str, str]) -> None:
-        """Run-level facts that change as the run goes (the last step logged, the last checkpoint)."""
+        """Run-level facts that change as the run goes (the last step logged, the last checkpoint).
+
+        Args:
+            tags: Tag names and values, replacing earlier values of the same names.
+        """
         ...
 
-    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
+        """Keep a file with the run (a report, a plot, the user's reward code).
 
-    def log_table(self, rows: Sequence[Mapping[str, Any]], artifact_file: str) -> None: ...
+        Args:
+            path: The local file.
+            artifact_path: The folder inside the run's artifacts, or None for the top.
+        """
+        ...
+
+    def log_table(self, rows: Sequence[Mapping[str, Any]], artifact_file: str) -> None:
+        """Keep a table with the run (e.g. sampled completions), one mapping per row.
+
+        Args:
+            rows: The rows, each mapping column names to values.
+            artifact_file: The file name it is stored under in the run's artifacts.
+        """
+        ...
 
     def describe(self) -> str:
         """A line telling a person where the run is and how to look at it."""
         ...
 
     def close(self, status: str = "FINISHED", within_s: float | None = None) -> None:
-        """End the run with `status`. `within_s` (a stop with a deadline) bounds the wait for an absent server;
-        what is still undelivered then must not be lost."""
+        """End the run with `status`; what is still undelivered when `within_s` runs out must not be lost.
+
+        Args:
+            status: MLflow's run status: `FINISHED`, `FAILED` or `KILLED`.
+            within_s: A stop with a deadline: bounds the wait for an absent server; None waits as usual.
+        """
         ...
 
 

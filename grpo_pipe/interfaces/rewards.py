@@ -20,11 +20,20 @@ class Reward(Protocol):
     """Scores completions. Rewards compose: a composite reward holds others."""
 
     def setup(self, model_path: Path, kv_dtype: torch.dtype) -> None:
-        """Called once the model is known (e.g. to read its dimensions); most rewards need nothing."""
+        """Called once the model is known (e.g. to read its dimensions); most rewards need nothing.
+
+        Args:
+            model_path: The materialized model folder (its `config.json` gives layers and heads).
+            kv_dtype: The dtype of the engine's KV cache (what a cached token costs).
+        """
         ...
 
     def __call__(self, groups: Sequence[RolloutGroup]) -> RewardOutput:
-        """Return one value per completion, in group order then completion order."""
+        """Return one value per completion, in group order then completion order.
+
+        Args:
+            groups: One group per task: its task (with the reference answer) and its completions.
+        """
         ...
 
 
@@ -34,7 +43,11 @@ class TriesOnTasks(Protocol):
     broken function fails in seconds instead of after the engine's start-up."""
 
     def try_on(self, tasks: Sequence[Task]) -> list[str]:
-        """One line per problem (naming the reward's key and what it raised); empty when fine."""
+        """One line per problem (naming the reward's key and what it raised); empty when fine.
+
+        Args:
+            tasks: A few rows of the data, each scored with a placeholder completion.
+        """
         ...
 
 
@@ -61,6 +74,10 @@ def reads_request_timestamps(reward: object) -> bool:
 
 @runtime_checkable
 class RecordsRequestTimestamps(Protocol):
-    """An engine that records per-request timestamps on request; None = not decided by the config."""
+    """An engine that records per-request timestamps on request; None = not decided by the config.
+
+    Attributes:
+        request_timestamps: Whether to record them; None: the runner decides (on when a reward reads them).
+    """
 
     request_timestamps: bool | None

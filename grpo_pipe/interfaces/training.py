@@ -64,7 +64,12 @@ class PolicyLoss(Protocol):
 @runtime_checkable
 class Trainer(Protocol):
     """Owns the policy and its optimizer; one `step` trains on one batch of groups: `updates_per_batch` optimizer
-    updates (one by default), the policy version moving by one (advantages included)."""
+    updates (one by default), the policy version moving by one (advantages included).
+
+    Attributes:
+        steps: Optimizer steps the run is configured for.
+        version: Bumped by every applied update: the policy version the engine should serve.
+    """
 
     steps: int  # optimizer steps the run is configured for
     version: int  # bumped by every applied update: the policy version the engine should serve
@@ -73,16 +78,37 @@ class Trainer(Protocol):
     def policy(self) -> Policy: ...
 
     def setup(self, model_path: Path, device: torch.device, pad_id: int) -> None:
-        """Load the policy on `device` and build the optimizer."""
+        """Load the policy on `device` and build the optimizer.
+
+        Args:
+            model_path: The materialized model folder the policy starts from.
+            device: Where the placement puts the trainer (`Placement.trainer_device`).
+            pad_id: The tokenizer's padding token id, for padded rows.
+        """
         ...
 
     def step(self, groups: Sequence[RolloutGroup], rewards: Sequence[float], temperature: float) -> dict[str, float]:
-        """Group advantages from `rewards` ([N], group order), one update; returns metrics to log."""
+        """Group advantages from `rewards` ([N], group order), one update; returns metrics to log.
+
+        Args:
+            groups: The batch's groups: each task with its completions' token ids and the engine's log-probs.
+            rewards: One reward per completion, in group order then completion order.
+            temperature: The sampling temperature the completions were drawn at: the policy's logits are divided by
+                it, so its log-probs are those of the distribution the engine sampled.
+        """
         ...
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """Everything an exact resume needs: trainable weights, optimizer, LR schedule, counters, RNG."""
+        ...
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from `state_dict`'s output.
+
+        Args:
+            state: What `state_dict` returned when the checkpoint was written.
+        """
+        ...
 
     def close(self) -> None:
         """Release what `setup` started beyond this process (a sharded trainer's rank actors)."""
@@ -95,7 +121,11 @@ class ShardedState(Protocol):
     checkpoint then never gathers the whole state into one process, and reads back at any world size."""
 
     def shares_folder(self, folder: Path) -> bool:
-        """Whether every process that would write a shard sees `folder` (on a cluster: a shared filesystem)."""
+        """Whether every process that would write a shard sees `folder` (on a cluster: a shared filesystem).
+
+        Args:
+            folder: The checkpoint folder the shards would go to.
+        """
         ...
 
     def state_dict(self) -> dict[str, Any]:
@@ -103,41 +133,84 @@ class ShardedState(Protocol):
         ...
 
     def save_sharded(self, folder: Path) -> None:
-        """Write the whole training state into `folder` (on several machines: a filesystem every rank sees)."""
+        """Write the whole training state into `folder` (on several machines: a filesystem every rank sees).
+
+        Args:
+            folder: The checkpoint folder; each rank writes its own shard files into it.
+        """
         ...
 
     def load_sharded(self, folder: Path) -> None:
-        """Read what `save_sharded` wrote, at this or any other world size."""
+        """Read what `save_sharded` wrote, at this or any other world size.
+
+        Args:
+            folder: A checkpoint folder `save_sharded` wrote.
+        """
         ...
 
 
 @runtime_checkable
 class Placement(Protocol):
-    """Where the engine and the trainer live and how they hand the device to each other."""
+    """Where the engine and the trainer live and how they hand the device to each other.
+
+    Attributes:
+        sleep_level: vLLM sleep level while the trainer runs; 0 = the engine keeps its memory.
+    """
 
     sleep_level: int  # vLLM sleep level while the trainer runs; 0 = the engine keeps its memory
 
     def place(self, engine: RolloutEngine) -> RolloutEngine:
-        """The engine the runner should use: `engine` itself, or a handle to copies of it placed elsewhere."""
+        """The engine the runner should use: `engine` itself, or a handle to copies of it placed elsewhere.
+
+        Args:
+            engine: The configured engine, not started.
+        """
         ...
 
     def trainer_device(self) -> torch.device:
         """Valid once the engine is connected (where engines went decides what is left)."""
         ...
 
-    def before_rollout(self, engine: RolloutEngine) -> None: ...
+    def before_rollout(self, engine: RolloutEngine) -> None:
+        """Hand the device to the engine (colocated: wake it up).
 
-    def before_train(self, engine: RolloutEngine) -> None: ...
+        Args:
+            engine: The engine `place` returned.
+        """
+        ...
 
-    def before_sync(self, engine: RolloutEngine) -> None: ...
+    def before_train(self, engine: RolloutEngine) -> None:
+        """Hand the device to the trainer (colocated: put the engine to sleep at `sleep_level`).
+
+        Args:
+            engine: The engine `place` returned.
+        """
+        ...
+
+    def before_sync(self, engine: RolloutEngine) -> None:
+        """Make the engine ready to receive weights.
+
+        Args:
+            engine: The engine `place` returned.
+        """
+        ...
 
     def restart_engines(self, engine: RolloutEngine, attempt: int) -> None:
-        """Replace engines that died (after a back-off), or raise when that is not possible or too often."""
+        """Replace engines that died (after a back-off), or raise when that is not possible or too often.
+
+        Args:
+            engine: The engine `place` returned.
+            attempt: How many restarts this is (1 for the first): the back-off and the limit are counted on it.
+        """
         ...
 
     def check(self, trainer: Trainer) -> list[str]:
         """What this machine or cluster cannot give the configured trainer and engines (GPUs, a reachable
-        Ray cluster, a trainer kind this placement cannot host); checked before anything loads."""
+        Ray cluster, a trainer kind this placement cannot host); checked before anything loads.
+
+        Args:
+            trainer: The configured trainer, not set up (its kind and world size are read).
+        """
         ...
 
     def close(self) -> None:

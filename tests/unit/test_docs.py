@@ -29,3 +29,7 @@ def test_the_pages_build_with_mkdocs_strict(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert (tmp_path / "site" / "loss" / "index.html").is_file()
+    # The API reference is rendered from the docstrings: a Protocol's method arguments appear with their Args: lines.
+    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    assert "WeightBridge" in api and "sync_every" in api
+    assert "engine_options" in api and "The live engine the bridge pushes into" in api
