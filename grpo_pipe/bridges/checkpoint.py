@@ -19,6 +19,14 @@ from grpo_pipe.types import SyncStats
 
 
 class CheckpointRestartBridge:
+    """`weight_bridge=checkpoint`: a full Hugging Face checkpoint is written and the engine restarted on it.
+
+    Args:
+        sync_every: The restart interval, in optimizer steps (freshness against a write and an engine start).
+        keep_last: Checkpoints kept on disk.
+        directory: Where they are written; None: a temporary folder removed at the end.
+    """
+
     def __init__(self, sync_every: int = 1, keep_last: int = 1, directory: str | None = None) -> None:
         self.sync_every = sync_every
         self.keep_last = keep_last

@@ -34,6 +34,12 @@ def _engine_model(worker: Any) -> Any:
 
 
 class CudaIpcBridge:
+    """`weight_bridge=ipc`: the trainer's parameters are the engine's (one copy on the GPU); a sync moves no bytes.
+
+    Args:
+        sync_every: Optimizer steps between syncs (each waits for the optimizer's writes and bumps the served version).
+    """
+
     def __init__(self, sync_every: int = 1) -> None:
         self.sync_every = sync_every
         self.engine: LocalEngine | None = None

@@ -110,6 +110,16 @@ class FolderTransport:
 
 
 class LoraHotSwapBridge:
+    """`weight_bridge=lora`: at each sync the running engine switches to the newly trained adapter; the base never moves.
+
+    Args:
+        sync_every: Optimizer steps between syncs.
+        max_lora_rank: The rank vLLM allocates adapter slots of (the policy's `rank` by default).
+        max_loras: Adapters on the device at once: the one running requests use and the new one (at least 2).
+        transport: `memory` (a shared buffer, no files: an engine on this machine), `folder` (adapter files: any
+            engine) or `auto` (`memory` where the engine allows it).
+    """
+
     def __init__(self, *, sync_every: int = 1, max_lora_rank: int = 16, max_loras: int = 2, transport: str = "auto") -> None:
         self.sync_every = sync_every
         self.max_lora_rank = max_lora_rank

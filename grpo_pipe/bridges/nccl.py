@@ -65,6 +65,16 @@ class _Call:
 
 
 class BroadcastBridge:
+    """`weight_bridge=nccl`: the weights are broadcast in flat buckets to an engine in another process, over a private group.
+
+    Args:
+        sync_every: Optimizer steps between syncs.
+        backend: `nccl` (CUDA GPUs), `gloo` (CPUs) or `auto` (nccl with CUDA, else gloo).
+        bucket_mb: Size of the flat buckets tensors are packed into: one broadcast call per bucket.
+        host: The address the group's rendezvous store binds to.
+        timeout_s: A dead peer becomes an error after this long, not a hang.
+    """
+
     def __init__(
         self,
         *,

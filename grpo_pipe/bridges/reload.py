@@ -31,6 +31,13 @@ log = logging.getLogger(__name__)
 
 
 class ReloadBridge:
+    """`weight_bridge=reload`: the trainer's tensors go into the live engine's weights, no disk, no restart.
+
+    Args:
+        sync_every: Optimizer steps between syncs (samples in between are off-policy, corrected by the ratio).
+        bucket_mb: Engine in its own process: size of the shared flat buffers the weights are packed into.
+    """
+
     def __init__(self, sync_every: int = 1, bucket_mb: int = 1024) -> None:
         self.sync_every = sync_every
         self.bucket_mb = bucket_mb

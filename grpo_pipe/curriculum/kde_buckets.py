@@ -30,6 +30,23 @@ log = logging.getLogger(__name__)
 
 
 class KdeBucketCurriculum:
+    """`curriculum=kde_buckets`: harder tasks get more samples per prompt.
+
+    A per-task EMA of rewards; every `refit_every` prompts the EMA rewards are min-max normalised, a Gaussian KDE is
+    fit and its valleys cut them into buckets; a bucket's group size is
+    `samples_per_prompt × (1 + alpha·(1 − normalised mean reward))`. A report is written at each refit.
+
+    Args:
+        prompts_per_step: Prompts (groups) per step.
+        samples_per_prompt: The base group size: the easiest bucket gets about this many.
+        alpha: The hardest bucket gets up to `(1 + alpha) × samples_per_prompt`.
+        n_buckets: At most this many buckets (the `n_buckets − 1` deepest KDE valleys).
+        ema_decay: Weight of a task's reward history against its latest step.
+        refit_every: Prompts between refits; None = one pass over the train split.
+        bandwidth: The KDE bandwidth: `scott`, `silverman` or a number (scipy's `bw_method`).
+        seed: The order of the shuffled passes (`run.seed` by default).
+    """
+
     def __init__(
         self,
         *,

@@ -12,6 +12,14 @@ from grpo_pipe.types import Task
 
 
 class UniformCurriculum:
+    """`curriculum=uniform`: shuffled passes over the train split; every prompt gets the same number of samples.
+
+    Args:
+        prompts_per_step: Prompts (groups) per step.
+        samples_per_prompt: The GRPO group size.
+        seed: The order of the shuffled passes (`run.seed` by default).
+    """
+
     def __init__(self, prompts_per_step: int = 8, samples_per_prompt: int = 8, seed: int = 0) -> None:
         self.prompts_per_step = prompts_per_step
         self.samples_per_prompt = samples_per_prompt

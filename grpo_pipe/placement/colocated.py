@@ -16,6 +16,13 @@ from grpo_pipe.rollout.errors import EngineGaveUp
 
 
 class ColocatedPlacement:
+    """`placement=colocated`: engine and trainer share the device(s) and take turns.
+
+    Args:
+        sleep_level: vLLM sleep level while the trainer runs: 0 = never sleep, 1 = offload weights and drop the KV
+            cache, 2 = drop both (GPU; the engine is woken before the next rollout and before a sync).
+    """
+
     def __init__(self, sleep_level: int = 0) -> None:
         self.sleep_level = sleep_level
         self._asleep = False

@@ -30,6 +30,20 @@ log = logging.getLogger(__name__)
 
 
 class SplitPlacement:
+    """`placement=split`: each engine replica in its own Ray actor on its own device(s); the trainer keeps this process.
+
+    Pair with `rollout_scheduler.max_staleness >= 1` so generation runs while the trainer trains.
+
+    Args:
+        num_engines: Engine replicas; prompts are split across them.
+        engine_cpus: Ray CPUs per replica.
+        engine_gpus: GPUs per replica (ignored on a CPU machine).
+        ray_address: None = a local Ray instance on `host`; `"auto"` or `host:port` = an existing cluster.
+        host: The address the local Ray instance binds to.
+        max_restarts: Engine deaths survived per run (restart, re-sync weights, re-issue requests).
+        restart_backoff_s: Wait before a restart, doubled each time.
+    """
+
     sleep_level = 0  # the replicas own their devices: nothing needs to sleep
 
     def __init__(

@@ -76,7 +76,22 @@ def resolve_tracking_uri(configured: str | None = None) -> str:
 
 
 class MlflowTracker:
-    """Logs params, metrics, artifacts and tables to an MLflow tracking server or sqlite store."""
+    """Logs params, metrics, artifacts and tables to an MLflow tracking server or sqlite store.
+
+    Where runs go, first match wins: `tracking_uri`, the `MLFLOW_TRACKING_URI` environment variable, then
+    `sqlite:///outputs/mlflow.db`.
+
+    Args:
+        tracking_uri: An MLflow tracking URI (`sqlite:///path.db`, `http://host:port`, ...); None: as above.
+        experiment: The MLflow experiment runs are logged under.
+        artifact_location: Where a local store keeps artifacts (a tracking server keeps them where it was told).
+        system_metrics: Log MLflow's `system/*` metrics: CPU, memory, disk, network, GPU (with nvidia-ml-py).
+        system_metrics_interval_s: Seconds between system samples; a run shorter than this logs none.
+        retry_max_s: A tracking server that does not answer: records are kept and sent again, waiting 1 s, 2 s,
+            4 s, ... up to this between tries; training goes on.
+        flush_timeout_s: At the end, how long to wait for an absent server before writing what is left to
+            `<job folder>/mlflow_pending.jsonl` (uploaded later with `python -m grpo_pipe.tracking.upload FILE`).
+    """
 
     def __init__(
         self,

@@ -8,6 +8,8 @@ from typing import Any
 
 
 class NullTracker:
+    """`logger=none`: records nothing. Takes no arguments."""
+
     run_id: str | None = None
 
     def start(

@@ -18,6 +18,10 @@ log = logging.getLogger(__name__)
 
 
 class EndSweepRun(Callback):
+    """Hydra callback (`hydra.callbacks.end_sweep`): when a multirun ends, the parent run is marked finished and the
+    comparison of its children is written on it. Takes no arguments; does nothing unless `logger=mlflow`.
+    """
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         target = str(config.logger.get("_target_", ""))
         if not target.endswith("MlflowTracker"):
