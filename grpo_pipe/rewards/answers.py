@@ -95,7 +95,10 @@ class Verifier(Protocol):
 
 
 class BuiltinVerifier:
-    """This module's parser: exact numbers, offline, no dependency."""
+    """This module's parser: exact numbers, offline, no dependency.
+
+    It finds the final answer as `#### N`, `\\boxed{N}`, "the answer is N", else the last number. Takes no arguments.
+    """
 
     def __call__(self, text: str, reference: str) -> bool | None:
         return is_correct(text, reference)
@@ -106,6 +109,10 @@ class MathVerifyVerifier:
 
     Needs the optional extra `grpo_pipe[math]` (`pip install math-verify`); its reward reports a missing
     package with the config's problems, before any model loads.
+
+    Args:
+        timeout_s: math-verify's parsing timeout per answer, in seconds (applied on the main thread only: it uses
+            SIGALRM).
     """
 
     def __init__(self, timeout_s: int = 5) -> None:

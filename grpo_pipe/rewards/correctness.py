@@ -16,6 +16,13 @@ class CorrectnessReward:
     """Scores each completion's final answer against the task's reference answer.
 
     The seed designs used correct/wrong = 1.0/-0.2 and 1.0/0.0; both are one override away.
+
+    Args:
+        correct: The reward of a completion whose final answer matches the reference.
+        wrong: The reward of an answer that does not match (the seed designs used 0.0 and -0.2).
+        unparsable: The reward of a completion in which no final answer is found.
+        verifier: What grades an answer: `BuiltinVerifier` (exact numbers, offline) or `MathVerifyVerifier`
+            (math-verify, extra `grpo_pipe[math]`); None = the built-in one.
     """
 
     def __init__(

@@ -12,6 +12,14 @@ from grpo_pipe.types import RewardOutput, RolloutGroup
 
 
 class EnvironmentReward:
+    """`reward=environment`: the score an environment class gives each episode (its `reward()`).
+
+    Args:
+        missing: The reward of an episode its environment gave no reward (its environment failed, or defines none);
+            counted.
+        success_at: A reward at least this counts as solved (eval/accuracy); None: no accuracy is logged.
+    """
+
     def __init__(self, missing: float = 0.0, success_at: float | None = None) -> None:
         self.missing = missing  # the value of an episode its environment gave no reward
         self.success_at = success_at  # a reward at least this counts as solved (eval/accuracy); None: no such notion

@@ -72,6 +72,18 @@ class InferenceAwareReward:
     Terms logged per completion: `task`, the task reward's own terms under `task/<name>`, the raw
     measurements (TERMS) and their signed contributions to the reward under `weighted/<name>`, so a
     sweep shows both what the policy does (raw) and how much each weight moves the reward (weighted).
+
+    reward = task - α·latency_ms - β·generated_tokens - γ·kv_memory_mb + δ·spec_accept_rate + ε·cache_reuse
+
+    Args:
+        task_score: Any other reward: the task's score; its own terms are logged as `train/reward/task/<term>`.
+        latency_weight: α, per ms from queued to last token.
+        token_weight: β, per generated token.
+        kv_memory_weight: γ, per MiB of KV cache held at the end of the sequence.
+        spec_accept_weight: δ, per unit of draft acceptance rate (0..1); the term is 0 without speculative decoding.
+        cache_reuse_weight: ε, per unit of prompt prefix-cache hit ratio (0..1).
+        speculative_config: The engine's speculation settings (`rollout.features.speculative_config`), only to warn
+            when configured speculation reports nothing.
     """
 
     def __init__(

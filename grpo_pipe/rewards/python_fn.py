@@ -40,7 +40,20 @@ PLACEHOLDER = "The answer is 0."  # the completion a function is tried on before
 
 
 class PythonFunctionReward:
-    """Calls `fn` once per step on every completion; its values are the reward."""
+    """Calls `fn` once per step on every completion; its values are the reward.
+
+    Your own reward: a plain function with TRL's reward-function signature,
+    `def score(completions, prompts, answer, **metadata) -> list[float | None]`, one entry per completion; every
+    data column arrives under its own name. Tried on a few data rows before any model loads.
+
+    Args:
+        fn: `package.module:function` or `path/to/file.py:function`.
+        name: Logged as `train/reward/<name>`; None = the function's name.
+        none_value: The reward of a completion the function returned None for (does not apply).
+        success_at: A value >= this counts as solved (eval/accuracy, pass@k); None = no notion of success.
+        completions: `auto` (message lists where the prompt is chat messages, as TRL; else text), `text` or
+            `messages`.
+    """
 
     def __init__(self, *, fn: str, name: str | None = None, none_value: float = 0.0, success_at: float | None = 1.0,
                  completions: CompletionShape = "auto") -> None:

@@ -33,7 +33,14 @@ def extract_marked_answer(text: str, marker: str = "####") -> str | None:
 
 
 class ReasoningGymScore:
-    """Scores each completion with the scorer of the reasoning-gym dataset its task came from."""
+    """Scores each completion with the scorer of the reasoning-gym dataset its task came from.
+
+    Use with `data=reasoning_gym`: words, letters, lists, expressions are scored, not only numbers.
+
+    Args:
+        marker: The answer is what follows the last marker on its line (else `<answer>...</answer>`).
+        success_at: A score >= this counts as solved (eval/accuracy, pass@k).
+    """
 
     def __init__(self, marker: str = "####", success_at: float = 1.0) -> None:
         self.marker = marker

@@ -22,6 +22,12 @@ from grpo_pipe.types import Completion, RewardOutput, RolloutGroup, Task
 
 
 class ToolStepsReward:
+    """The share of the task's steps that some successful tool call of the episode returned (see the module's docstring).
+
+    Args:
+        key: The task metadata key that lists the task's steps (`data=arithmetic` gives `steps`).
+    """
+
     def __init__(self, key: str = "steps") -> None:
         self.key = key  # the Task.metadata key that lists a task's steps
 

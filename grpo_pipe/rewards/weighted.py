@@ -25,7 +25,16 @@ from grpo_pipe.types import RewardOutput, RolloutGroup, Task
 
 
 class WeightedReward:
-    """A weighted sum of named rewards; success (accuracy, pass@k) is `success_from`'s."""
+    """A weighted sum of named rewards; success (accuracy, pass@k) is `success_from`'s.
+
+    reward = Σ weight[name] · reward[name]; each is logged raw (`train/reward/<name>`) and weighted
+    (`train/reward/weighted/<name>`).
+
+    Args:
+        rewards: The rewards by name.
+        weights: Each reward's weight, under the same names.
+        success_from: Whose notion of "solved" evaluation uses; None = the first reward that has one.
+    """
 
     def __init__(
         self, rewards: Mapping[str, Reward], weights: Mapping[str, float], success_from: str | None = None
