@@ -72,7 +72,21 @@ def steps(numbers: Sequence[int], operators: Sequence[str]) -> list[int]:
 
 class ArithmeticTasks:
     """`terms` numbers of `min_digits`..`max_digits` digits joined by `operators` (`data=arithmetic`); `terms` and
-    `eval_terms` are a count or a [low, high] range of counts."""
+    `eval_terms` are a count or a [low, high] range of counts.
+
+    Each task's metadata gives its length (`operations`, `eval_group`) and its intermediate results (`steps`).
+
+    Args:
+        terms: Numbers per expression: a count, or [low, high]: every count from low to high, in equal shares.
+        eval_terms: The held-out split's counts (a count or [low, high]); None = the same as `terms`.
+        min_digits: Fewest digits of a number.
+        max_digits: Most digits of a number.
+        operators: The operators drawn from (usual precedence).
+        train_size: Train tasks generated.
+        eval_size: Held-out tasks generated.
+        seed: The generator's seed.
+        system_prompt: The system message put first in every prompt.
+    """
 
     def __init__(
         self,

@@ -56,7 +56,22 @@ def parse_rows(lines: Sequence[str], source: str, skipped: SkippedRows, max_ques
 
 @dataclass(kw_only=True, eq=False)
 class Gsm8kTasks(SplitTaskSource):
-    """GSM8K train (for training) and test (for evaluation) splits."""
+    """GSM8K train (for training) and test (for evaluation) splits.
+
+    Local jsonl (offline) when `path` is set, else the public hub dataset.
+
+    Args:
+        path: A folder holding the train and eval jsonl files; None: the hub dataset (online).
+        hub_id: The hub dataset read when `path` is None.
+        train_file: The train split's file name in `path`.
+        eval_file: The eval split's file name in `path`.
+        max_train: At most this many train tasks; None = all.
+        max_eval: At most this many eval tasks; None = all.
+        max_question_chars: Longer rows are skipped and counted.
+        system_prompt: The system message put first in every prompt.
+        max_bad_fraction: Share of rows that may be broken (skipped, counted, named); 0 = a broken row is an error
+            naming file and line.
+    """
 
     path: str | None = None  # a folder with the jsonl files; null: the hub dataset (online)
     hub_id: str = "openai/gsm8k"

@@ -26,7 +26,30 @@ _SAVED_MARKERS = ("dataset_dict.json", "state.json")  # what `save_to_disk` writ
 
 @dataclass(kw_only=True, eq=False)
 class HfDatasetTasks(RowTaskSource):
-    """Tasks from the splits of one Hugging Face dataset."""
+    """Tasks from the splits of one Hugging Face dataset.
+
+    A hub id (online) or a local folder (offline): a `save_to_disk` folder, or a folder of JSONL / parquet files whose
+    names give the splits. Needs `grpo_pipe[hf]`. Columns map as in `JsonlTasks`.
+
+    Args:
+        name: A hub id `org/name` or a local folder.
+        config_name: The hub dataset's configuration (e.g. `main` for openai/gsm8k).
+        revision: The hub dataset's branch, tag or commit.
+        train_split: The split trained on.
+        eval_split: The held-out split; None = hold out `eval_fraction` of the train split.
+        max_train: At most this many train tasks; None = all.
+        max_eval: At most this many eval tasks; None = all.
+        system_prompt: The system message put first in every prompt.
+        max_bad_fraction: Share of rows that may be broken (skipped, counted, named); 0 = a broken row is an error
+            naming file and line.
+        prompt_key: The column with the question text or chat messages.
+        answer_key: The column with the reference answer.
+        metadata_keys: Columns passed to the reward; None = every other column.
+        answer_after: E.g. `####` for openai/gsm8k: the reference is the text after the last marker.
+        max_prompt_chars: Longer prompts are skipped and counted.
+        eval_fraction: Seeded held-out fraction, used only without `eval_split`.
+        seed: The seed of the held-out fraction (`run.seed` by default).
+    """
 
     name: str  # a hub id "org/name" or a local folder
     config_name: str | None = None

@@ -25,7 +25,27 @@ SUFFIXES = (".jsonl", ".json", ".parquet")
 
 @dataclass(kw_only=True, eq=False)
 class JsonlTasks(RowTaskSource):
-    """Tasks from a train file and an eval file (or a held-out fraction of the train file)."""
+    """Tasks from a train file and an eval file (or a held-out fraction of the train file).
+
+    One row per task (`{"prompt": ..., "answer": ..., ...}`); `prompt` may be chat messages. Every other column (or
+    only `metadata_keys`) reaches the reward as a keyword argument.
+
+    Args:
+        train_path: A .jsonl / .json (JSON lines) / .parquet file.
+        eval_path: Its own eval file; None = hold out `eval_fraction` of the train file.
+        max_train: At most this many train tasks; None = all.
+        max_eval: At most this many eval tasks; None = all.
+        system_prompt: The system message put first in every prompt.
+        max_bad_fraction: Share of rows that may be broken (skipped, counted, named); 0 = a broken row is an error
+            naming file and line.
+        prompt_key: The column with the question text or chat messages (e.g. `question`).
+        answer_key: The column with the reference answer.
+        metadata_keys: Columns passed to the reward; None = every other column.
+        answer_after: E.g. `####`: the reference is the text after the last marker (GSM8K style).
+        max_prompt_chars: Longer prompts are skipped and counted.
+        eval_fraction: Seeded held-out fraction, used only without `eval_path`.
+        seed: The seed of the held-out fraction (`run.seed` by default).
+    """
 
     train_path: str
     eval_path: str | None = None

