@@ -63,7 +63,25 @@ class EnvironmentCommands(Protocol):
 
 class AtroposEnvironment:
     """Atropos environments as the run's source of scored groups (see the module docstring). Their commands are
-    `environments`, or made by `commands` when the source starts (then `environments` is left empty)."""
+    `environments`, or made by `commands` when the source starts (then `environments` is left empty).
+
+    Args:
+        environments: Each a command: `[script.py, serve, --env.some_flag, value, ...]`; the run adds the endpoint,
+            its token, the tokenizer and the API.
+        api_url: A running run-api to attach to; None: the run starts one.
+        groups_per_step: One step's batch: this many groups (`curriculum.prompts_per_step` by default) ...
+        group_size: ... of this many samples, passed to the environments (`curriculum.samples_per_prompt`).
+        batch_timeout_s: No batch this long: the run stops saying why.
+        max_restarts: Environment processes that exit are restarted, this many times in all.
+        model_name: The name the endpoint serves the engine under.
+        poll_s: Seconds between asks of the API for a batch.
+        report_every_s: While waiting for a batch, say so this often.
+        eval_every: The environments' own `evaluate()`, every N trainer steps (their `steps_per_eval`); None: as each
+            environment sets it. Logged as `env_eval/<process>/<metric>`.
+        python: The interpreter that runs the environments; None: the run's own.
+        commands: Processes whose commands are made when the source starts (`environment=verifiers`'s workers), in
+            place of `environments`.
+    """
 
     def __init__(self, *, environments: Sequence[Sequence[str | int | float | bool]] = (), api_url: str | None = None,
                  groups_per_step: int = 32, group_size: int = 8, batch_timeout_s: float = 600.0,

@@ -38,7 +38,13 @@ class ParsedTurn:
 
 
 class TagCalls:
-    """`<NAME>ARGUMENT</NAME>` calls, tools described in the system prompt (see the module's description)."""
+    """`<NAME>ARGUMENT</NAME>` calls, tools described in the system prompt (see the module's description).
+
+    Args:
+        result_role: The role of the message that carries a tool's result (the chat template renders it).
+        result_template: How a result is written into that message (`{result}` is replaced).
+        instructions: Replaces the generated description of the tools in the system prompt when set.
+    """
 
     template_renders_tools = False
 
@@ -83,7 +89,11 @@ class TagCalls:
 
 
 class HermesCalls:
-    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, tools rendered by the model's own chat template."""
+    """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`, tools rendered by the model's own chat template.
+
+    Args:
+        result_role: The role of the message that carries a tool's result (the chat template renders it).
+    """
 
     template_renders_tools = True
 

@@ -15,7 +15,10 @@ from grpo_pipe.types import Completion, SamplingSettings, Task
 
 class SingleTurn:
     """Each task's prompt in the model's chat template, its completions from one engine call: what every run did
-    before episodes, unchanged (the engine is handed exactly the same call)."""
+    before episodes, unchanged (the engine is handed exactly the same call).
+
+    `environment=single_turn`, the default. Takes no arguments.
+    """
 
     def __init__(self) -> None:
         self._tokenizer: Any = None

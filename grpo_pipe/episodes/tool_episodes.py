@@ -91,7 +91,26 @@ class _Episode:
 
 
 class ToolEpisodes:
-    """Tool-using episodes; tools from `tools` (functions) or `environment_class` (one instance per episode)."""
+    """Tool-using episodes; tools from `tools` (functions) or `environment_class` (one instance per episode).
+
+    The model may call tools for up to `max_turns` turns; the reward scores the whole episode (its final answer).
+
+    Args:
+        tools: Shipped tools by name (`calculator`: exact arithmetic, `python`: a sandboxed interpreter) or
+            `FILE.py:NAME` functions of your own.
+        tool_options: Settings of the shipped tools, by name: `{calculator: {max_operations: 1}, python: {wall_s: 5}}`.
+        environment_class: (`environment=python`) `FILE.py:CLASS` whose public methods are the tools, one instance per
+            episode.
+        call_format: How calls are written and read: `TagCalls` (tools in the system prompt) or `HermesCalls` (the
+            template's tools); None = `TagCalls`.
+        max_turns: Model turns per episode; an episode still calling a tool after the last one ends (counted).
+        max_episode_tokens: Tokens after the prompt (model and environment turns); prompt + this must fit
+            `rollout.max_model_len`.
+        max_result_chars: A longer tool result is cut, and says so.
+        tool_timeout_s: A tool still running after this is abandoned and answers with a timeout (counted).
+        demonstration: Messages shown between the system prompt and the task: a worked example of a call.
+        background: Run a batch's episodes beside the trainer; None: exactly when the engine may run ahead.
+    """
 
     def __init__(
         self,

@@ -54,7 +54,22 @@ def verifiers_environment(*, name: str, args: Mapping[str, Any] | None = None,
                           batch_timeout_s: float = 600.0, max_restarts: int = 3, model_name: str = "grpo_pipe",
                           report_every_s: float = 30.0) -> AtroposEnvironment:
     """`environment=verifiers`: environment=atropos's source of scored groups, its processes `VerifiersWorkers`
-    (see the module docstring); everything else, held-out evaluation included, is environment=atropos's."""
+    (see the module docstring); everything else, held-out evaluation included, is environment=atropos's.
+
+    Args:
+        name: A taskset id: verifiers' own, or a module exporting one Taskset.
+        args: The rest of verifiers' env config, e.g. `{agent: {harness: {id: ...}}}`; None: none.
+        renderer: How verifiers' train client renders chats to tokens (a `renderers` config: `{name: qwen3}`, or a
+            name); None: the default renderer (the model's chat template), which re-renders each turn.
+        python: The verifiers environment's interpreter; None: `.venv-verifiers/bin/python`.
+        processes: Workers, each with its own copy of the environment.
+        groups_per_step: One step's batch: this many groups ...
+        group_size: ... of this many rollouts of one task.
+        batch_timeout_s: No batch this long: the run stops saying why.
+        max_restarts: Workers that exit are restarted, this many times in all.
+        model_name: The name the endpoint serves the engine under.
+        report_every_s: While waiting for a batch, say so this often.
+    """
     workers = VerifiersWorkers(name=name, args=args, renderer=renderer, python=python, processes=processes)
     return AtroposEnvironment(groups_per_step=groups_per_step, group_size=group_size, batch_timeout_s=batch_timeout_s,
                               max_restarts=max_restarts, model_name=model_name, report_every_s=report_every_s,
