@@ -46,7 +46,11 @@ def hf_weights(model: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 class FullFinetunePolicy:
-    """Every weight of the causal LM is trained."""
+    """Every weight of the causal LM is trained.
+
+    Args:
+        gradient_checkpointing: Recompute activations in the backward pass: less memory, more compute.
+    """
 
     def __init__(self, gradient_checkpointing: bool = False) -> None:
         self.gradient_checkpointing = gradient_checkpointing
@@ -90,7 +94,15 @@ class FullFinetunePolicy:
 
 
 class LoraPolicy:
-    """A peft LoRA adapter trained on a frozen base model."""
+    """A peft LoRA adapter trained on a frozen base model.
+
+    Args:
+        rank: The adapter's rank (the `lora` bridge sizes the engine's adapter slots from it).
+        alpha: peft's `lora_alpha`: the adapter's update is scaled by `alpha / rank`.
+        dropout: peft's `lora_dropout` on the adapter's input.
+        target_modules: The modules that get an adapter (attention and MLP projections by default).
+        gradient_checkpointing: Recompute activations in the backward pass: less memory, more compute.
+    """
 
     def __init__(
         self,

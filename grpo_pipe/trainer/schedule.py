@@ -17,6 +17,13 @@ ScheduleName = Literal["constant", "constant_with_warmup", "linear", "cosine"]
 
 
 class WarmupSchedule:
+    """A learning-rate schedule, called by the trainer with its optimizer and the run's number of updates.
+
+    Args:
+        name: `constant`, `constant_with_warmup`, `linear` (decay to 0) or `cosine`, as transformers names them.
+        warmup_steps: Optimizer updates over which the LR rises from 0 to `trainer.optimisation.lr`.
+    """
+
     def __init__(self, *, name: ScheduleName = "constant_with_warmup", warmup_steps: int = 0) -> None:
         self.name = name
         self.warmup_steps = warmup_steps  # counts optimizer updates

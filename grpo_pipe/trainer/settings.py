@@ -25,7 +25,19 @@ ScheduleFactory = Callable[[torch.optim.Optimizer, int], Any]
 @dataclass(frozen=True, kw_only=True)
 class OptimisationSettings:
     """How one batch moves the weights: the optimizer and its LR schedule, clipping, GRPO's mu, and how many
-    non-finite updates in a row end the run."""
+    non-finite updates in a row end the run.
+
+    Args:
+        optimizer: A `_partial_` optimizer (`optimizer=`) the trainer calls with its trainable parameters and `lr`;
+            None: AdamW without weight decay.
+        lr_schedule: The LR schedule (`WarmupSchedule`); None: a constant LR.
+        lr: Handed to the optimizer; the schedule scales it.
+        grad_clip: The gradients' total norm is clipped to this.
+        updates_per_batch: GRPO's mu: optimizer passes over one batch (ratio against the sampler, clipped).
+        max_bad_steps: Non-finite updates in a row before the run stops.
+        diagnose_non_finite: A non-finite gradient: its pass again under autograd's anomaly mode, naming the backward
+            op and forward line that made the NaN (single-device trainer only).
+    """
 
     optimizer: OptimizerFactory | None = None  # None: AdamW without weight decay
     lr_schedule: ScheduleFactory | None = None  # None: a constant LR
@@ -63,7 +75,16 @@ class BatchingSettings:
 
     Packed (the default): the length-sorted completions are laid end to end, each with its prompt, in micro-batches of
     at most `max_tokens` tokens, no padding. Padded (`packed: false`): `micro_batch_size` rows each, padded to the
-    widest; kept for models whose attention cannot take packed rows (sliding windows) and to compare."""
+    widest; kept for models whose attention cannot take packed rows (sliding windows) and to compare.
+
+    Args:
+        packed: Sequences end to end, no padding, each attending to itself only; False = padded rows of
+            `micro_batch_size` (models with sliding-window attention fall back to these).
+        max_tokens: Packed: prompt + completion tokens per forward/backward; None = 16384 on a GPU, 4096 on a CPU.
+        micro_batch_size: Padded: sequences per forward/backward; None = 16 on a GPU, 8 on a CPU.
+        skip_zero_advantage: Completions with zero advantage add no gradient: skip their forward/backward (False:
+            benchmarks at full cost).
+    """
 
     packed: bool = True  # sequences end to end in token-budgeted micro-batches (trainer/packing.py); False: padded rows
     max_tokens: int | None = None  # packed: tokens per forward/backward; None: the device's default
@@ -83,7 +104,14 @@ class BatchingSettings:
 @dataclass(frozen=True, kw_only=True)
 class PrecisionSettings:
     """The numbers the policy is trained in: the weights' dtype, the forward/backward's autocast dtype, and whether
-    the decoder layers are compiled."""
+    the decoder layers are compiled.
+
+    Args:
+        dtype: The weights' and optimizer's dtype; `auto` = float32 master weights (bfloat16 weights barely learn at
+            RL learning rates: the updates round away).
+        autocast: The forward/backward compute dtype; `auto` = bfloat16 on a GPU, none on a CPU; None = the weights'.
+        compile: `torch.compile` each decoder layer, in set-up; `auto` = on a GPU, off on a CPU.
+    """
 
     dtype: DtypeName = "auto"  # weights and optimizer state; auto: float32 master weights
     autocast: AutocastName | None = "auto"  # auto: bfloat16 on a GPU, none on a CPU; None: the weights' dtype

@@ -43,6 +43,21 @@ class ShardedTrainer:
     """`world_size` FSDP2 ranks behind the single-device trainer's surface.
 
     Every setting other than the ones below is a `GRPOTrainer` setting, passed to each rank as is.
+
+    Each rank is a Ray actor in one Ray placement group; pair with `placement=split` and `weight_bridge=nccl`, `lora`
+    or `checkpoint`.
+
+    Args:
+        policy: What is trained (`policy=`), built on every rank.
+        world_size: Ranks (GPUs on a GPU cluster, processes on CPU).
+        compute_dtype: The forward/backward dtype (FSDP mixed precision); `auto` = bf16 on GPUs, none on CPU. Weights
+            and AdamW state stay in `trainer.precision.dtype`.
+        cpus_per_rank: Ray CPUs per rank.
+        gpus_per_rank: Ray GPUs per rank (ignored where the cluster has none).
+        backend: `auto` = nccl on GPUs, gloo on CPUs.
+        timeout_s: Rendezvous, collectives and Ray's reservation: a missing rank is an error, not a hang.
+        **settings: Every `GRPOTrainer` setting (`loss`, `steps`, `optimisation`, `batching`, `precision`), passed
+            to each rank as is (layers are never compiled); an unknown one is a config problem.
     """
 
     def __init__(
