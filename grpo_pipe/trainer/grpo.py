@@ -95,7 +95,16 @@ class GRPOTrainer:
 
     Besides the policy, the loss and the run's length, its settings come in three groups (trainer/settings.py): how
     the weights move (`optimisation`), how a batch is cut into passes (`batching`), the numbers it trains in
-    (`precision`)."""
+    (`precision`).
+
+    Args:
+        policy: What is trained (`policy=`): every weight, or a LoRA adapter.
+        loss: The policy-gradient loss (`loss=`); None = `GRPOLoss` with its defaults.
+        steps: Optimizer steps (batches) the run trains for.
+        optimisation: How one batch moves the weights: optimizer, LR schedule, `lr`, clipping, `updates_per_batch`.
+        batching: How a batch is cut into forward/backward passes: packed or padded, their sizes.
+        precision: The weights' dtype, the autocast dtype, whether decoder layers are compiled.
+    """
 
     def __init__(
         self,
