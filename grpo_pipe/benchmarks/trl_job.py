@@ -114,7 +114,7 @@ def peer_settings(cfg: DictConfig, episodes: EpisodeRunner) -> Any:
         max_turn_tokens=int(cfg.run.max_new_tokens) if tools else None,
         max_tool_calling_iterations=tools.max_turns - 1 if tools else None,
         temperature=float(cfg.run.temperature), top_p=float(cfg.run.top_p),
-        clip_low=float(cfg.loss.clip_low), clip_high=float(cfg.loss.clip_high),
+        clip_low=float(cfg.loss.objective.clip_low), clip_high=float(cfg.loss.objective.clip_high),
         grad_clip=float(cfg.trainer.optimisation.grad_clip),
         micro_batch_size=int(micro), beta=float(cfg.loss.kl_coef), seed=int(cfg.run.seed),
         vllm_gpu_memory_utilization=float(cfg.rollout.memory.gpu_memory_utilization),

@@ -37,7 +37,7 @@ from grpo_pipe.interfaces.sources import (
     RolloutSourceFactory,
     TaskSource,
 )
-from grpo_pipe.interfaces.training import Placement, PolicyLoss, ShardedState, Trainer
+from grpo_pipe.interfaces.training import Placement, PolicyLoss, SamplingCorrection, ShardedState, Trainer
 from grpo_pipe.interfaces.weights import AdapterPolicy, ModulePolicy, Policy, SendingPolicy, WeightBridge
 
 __all__ = [
@@ -68,6 +68,7 @@ __all__ = [
     "SendingPolicy",
     "RolloutSource",
     "RolloutSourceFactory",
+    "SamplingCorrection",
     "ShardedState",
     "TaskSource",
     "Tracker",

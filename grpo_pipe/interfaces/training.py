@@ -18,13 +18,8 @@ from grpo_pipe.types import (
 
 @runtime_checkable
 class PolicyLoss(Protocol):
-    """The policy-gradient loss (`loss=`): advantages from rewards, and the per-micro-batch surrogate. The trainer
-    knows nothing of the algorithm beyond this; `grpo_pipe.trainer.loss.GRPOLoss` is the GRPO family."""
-
-    clip_low: float
-    clip_high: float
-    mask_truncated: bool  # completions that hit the budget get no loss and are in no normaliser
-    entropy_coef: float  # > 0: `__call__` takes the policy's entropy per token, with its graph (an entropy bonus)
+    """The policy-gradient loss (`loss=`): advantages from rewards, and the per-micro-batch loss. The trainer knows
+    nothing of the algorithm beyond this; `grpo_pipe.trainer.loss.PolicyGradientLoss` is the GRPO family."""
 
     @property
     def needs_reference(self) -> bool:
@@ -37,13 +32,38 @@ class PolicyLoss(Protocol):
         that counts their tokens per micro-batch)."""
         ...
 
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether `__call__` takes the policy's entropy per token, with its graph (an entropy bonus)."""
+        ...
+
+    @property
+    def masks_truncated(self) -> bool:
+        """Whether completions that hit the budget without EOS get no loss and are in no normaliser."""
+        ...
+
+    @property
+    def trust_region(self) -> tuple[float, float] | None:
+        """(low, high): the ratio band [1 - low, 1 + high] the loss keeps, read by the mismatch metrics
+        (`mismatch/outside_clip_fraction`); None for a loss that clips no ratio."""
+        ...
+
     def advantages(self, rewards: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
-        """[N] rewards, [N] group ids -> [N] advantages."""
+        """One advantage per completion.
+
+        Args:
+            rewards: [N] one reward per completion.
+            group_ids: [N] equal ids share a prompt.
+        """
         ...
 
     def normaliser(self, lengths: Sequence[int], micro_batches: int = 1) -> float:
-        """What the whole batch's summed loss is divided by, from the lengths of the completions that get one and
-        the number of the step's micro-batches."""
+        """What the whole batch's summed loss is divided by.
+
+        Args:
+            lengths: The lengths of the completions that get a loss.
+            micro_batches: How many micro-batches the step has.
+        """
         ...
 
     def __call__(
@@ -57,7 +77,35 @@ class PolicyLoss(Protocol):
         proximal_logprobs: torch.Tensor | None = None,
         entropy: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, LossStats]:
-        """One micro-batch's loss, pre-divided by the batch's normaliser, and its detached statistics."""
+        """One micro-batch's loss, pre-divided by the batch's normaliser, and its detached statistics.
+
+        Args:
+            new_logprobs: [B, T] the policy's log-probs of the completion tokens, with their graph.
+            old_logprobs: [B, T] the engine's log-probs of the same tokens, as it sampled them.
+            advantages: [B] one per completion.
+            mask: [B, T] 1 on tokens that get a loss.
+            normaliser: From `normaliser` over the whole step.
+            ref_logprobs: [B, T] under the frozen starting policy, when `needs_reference`.
+            proximal_logprobs: [B, T] the trainer's, as the batch found the policy (None: `new_logprobs` detached).
+            entropy: [B, T] the policy's entropy per position, with its graph, when `needs_entropy`.
+        """
+        ...
+
+
+@runtime_checkable
+class SamplingCorrection(Protocol):
+    """The correction for the engine's sampling mismatch (`loss/correction=`): a detached weight per token from the
+    trainer's and the engine's log-probs of the sampled tokens (trainer/importance.py)."""
+
+    def weights(self, trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weight [B, T] each token's loss is multiplied by, and [B, T] bool: the tokens it truncated or masked.
+
+        Args:
+            trainer_logprobs: [B, T] the trainer's log-probs, as the batch found the policy, detached.
+            sampler_logprobs: [B, T] the engine's.
+            mask: [B, T] 1 on tokens that get a loss.
+        """
         ...
 
 

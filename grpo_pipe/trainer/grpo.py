@@ -294,7 +294,7 @@ class GRPOTrainer:
         )  # [N]
         advantages = self.loss.advantages(reward_t, group_ids)  # [N]
         samples = flatten(groups, advantages.tolist())
-        counted = [s for s in samples if not (self.loss.mask_truncated and s.truncated)]
+        counted = [s for s in samples if not (self.loss.masks_truncated and s.truncated)]
         # A zero advantage adds exactly nothing to the surrogate, so its forward/backward is skipped; it still counts
         # in the normaliser. The KL term and the entropy bonus are not zero for it, and bnpo counts its tokens in its
         # micro-batch's normaliser: then everything runs.
@@ -315,7 +315,7 @@ class GRPOTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         first_pass = not cache.proximal
         loss_sum, stats, mismatch = torch.zeros((), device=self.device), [], MismatchSums()
-        bonus = self.loss.entropy_coef > 0  # the entropy is then a term of the loss, with its gradient
+        bonus = self.loss.needs_entropy  # the entropy is then a term of the loss, with its gradient
         for index, part in enumerate(plan.cuts):
             samples = plan.active[part.start : part.stop]
             batch = (pack(samples, self.device, self.width_multiple) if self.packed
@@ -327,8 +327,8 @@ class GRPOTrainer:
                 cache.proximal.append(new_logprobs.detach())
                 assert entropy is not None
                 seen = entropy.detach()
-                clip = (self.loss.clip_low, self.loss.clip_high)
-                mismatch.add(mismatch_sums(new_logprobs, batch.sampling_logprobs, batch.completion_mask, clip, seen))
+                mismatch.add(mismatch_sums(new_logprobs, batch.sampling_logprobs, batch.completion_mask,
+                                           self.loss.trust_region, seen))
             loss, step_stats = self.loss(
                 new_logprobs, batch.sampling_logprobs, batch.advantages, batch.completion_mask,
                 plan.normaliser, ref_logprobs=cache.reference[index], proximal_logprobs=cache.proximal[index],
@@ -468,7 +468,7 @@ class BatchPlan:
     """One batch as the loss sees it."""
 
     active: list[TrainSample]  # completions run through the model, length-sorted
-    normaliser: float  # the whole batch's loss normaliser (see GRPOLoss.normaliser)
+    normaliser: float  # the whole batch's loss normaliser (see PolicyLoss.normaliser)
     samples: int  # completions in the batch
     masked: int  # completions given no loss (mask_truncated)
     advantages: torch.Tensor  # [samples]

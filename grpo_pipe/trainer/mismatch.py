@@ -21,7 +21,8 @@ class MismatchSums:
     k3_sum: float = 0.0  # r - 1 - log r with r = pi_trainer / pi_sampler: KL(sampler || trainer), >= 0
     ratio_sum: float = 0.0  # r
     ratio_max: float = 0.0
-    outside_clip: float = 0.0  # tokens whose r already sits outside [1 - clip_low, 1 + clip_high]
+    outside_clip: float = 0.0  # tokens whose r already sits outside the loss's trust region [1 - low, 1 + high]
+    clip_tokens: float = 0.0  # tokens measured against a trust region (none for a loss that clips no ratio)
     entropy_sum: float = 0.0  # the trainer policy's entropy at each completion position (nats)
 
     def add(self, other: MismatchSums) -> None:
@@ -41,16 +42,15 @@ class MismatchSums:
             "mismatch/kl_k3": self.k3_sum / n,
             "mismatch/ratio_mean": self.ratio_sum / n,
             "mismatch/ratio_max": self.ratio_max,
-            "mismatch/outside_clip_fraction": self.outside_clip / n,
             "train/entropy": self.entropy_sum / n,
-        }
+        } | ({"mismatch/outside_clip_fraction": self.outside_clip / self.clip_tokens} if self.clip_tokens else {})
 
 
 def mismatch_sums(
     trainer_logprobs: torch.Tensor,  # [B, T] the trainer's log-probs of the sampled tokens, before any update
     sampler_logprobs: torch.Tensor,  # [B, T] what the engine reported for the same tokens
     mask: torch.Tensor,  # [B, T] 1 on completion tokens
-    clip: tuple[float, float],  # (clip_low, clip_high) of the loss
+    clip: tuple[float, float] | None,  # (low, high): the loss's trust region; None: the loss clips no ratio
     entropy: torch.Tensor,  # [B, T] the trainer policy's entropy per position
 ) -> MismatchSums:
     with torch.no_grad():
@@ -59,7 +59,7 @@ def mismatch_sums(
         if delta.numel() == 0:
             return MismatchSums()
         ratio = torch.exp(delta)  # [n]
-        low, high = clip
+        outside = 0.0 if clip is None else float(((ratio < 1.0 - clip[0]) | (ratio > 1.0 + clip[1])).sum())
         return MismatchSums(
             tokens=float(delta.numel()),
             abs_sum=float(delta.abs().sum()),
@@ -67,6 +67,7 @@ def mismatch_sums(
             k3_sum=float((ratio - 1.0 - delta).sum()),
             ratio_sum=float(ratio.sum()),
             ratio_max=float(ratio.max()),
-            outside_clip=float(((ratio < 1.0 - low) | (ratio > 1.0 + high)).sum()),
+            outside_clip=outside,
+            clip_tokens=0.0 if clip is None else float(delta.numel()),
             entropy_sum=float(entropy.detach().double()[on].sum()),
         )

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.interfaces import PolicyLoss
 from grpo_pipe.runner.pipeline import JobContext, build, run
 from tests.conftest import REPO
 
@@ -41,7 +42,7 @@ def test_readme_reward_bridge_and_loss_train_a_job(compose_cfg, tmp_path: Path, 
     cfg = compose_cfg(["reward=short_and_right", "weight_bridge=half_reload", "loss=plain_pg", "trainer.steps=2"])
     parts = build(cfg)
     assert type(parts.reward).__name__ == "ShortAndRight" and type(parts.weight_bridge).__name__ == "HalfReloadBridge"
-    assert type(parts.trainer.loss).__name__ == "PlainPolicyGradient"
+    assert type(parts.trainer.loss).__name__ == "PlainPolicyGradient" and isinstance(parts.trainer.loss, PolicyLoss)
     result = run(cfg, JobContext(output_dir=tmp_path / "run", run_name="extending"))
     assert len(result.rewards) == 2
     logged = _logged(tmp_path, result.run_id)

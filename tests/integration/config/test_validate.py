@@ -127,7 +127,7 @@ def test_cross_field_file_and_constructor_problems_come_in_one_list(compose_cfg)
 
 @pytest.mark.parametrize("loss", ["grpo", "dr_grpo", "dapo"])
 def test_every_loss_preset_builds(compose_cfg, loss: str) -> None:
-    assert type(build(compose_cfg([f"loss={loss}"])).trainer.loss).__name__ == "GRPOLoss"
+    assert type(build(compose_cfg([f"loss={loss}"])).trainer.loss).__name__ == "PolicyGradientLoss"
 
 
 @pytest.mark.parametrize(

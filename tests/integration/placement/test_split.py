@@ -45,7 +45,7 @@ def test_nccl_over_gloo_into_two_actor_engines_equals_a_fresh_engine(compose_cfg
 
 def test_async_split_run_stays_within_the_bound_and_trains_every_group(compose_cfg, tmp_path) -> None:
     cfg = compose_cfg(["placement=split", "weight_bridge=nccl", "trainer.steps=4", "rollout_scheduler.max_staleness=1",
-                       "loss.is_cap=2.0"])
+                       "loss.correction.cap=2.0"])
     result = run(cfg, JobContext(output_dir=tmp_path, run_name="split"))
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     # Invariants only: which version a batch's first token meets depends on when the engine actor

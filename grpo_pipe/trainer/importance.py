@@ -1,0 +1,143 @@
+"""The correction for the engine's sampling mismatch (`loss/correction=`): a detached weight per token.
+
+The engine's log-probs of the tokens it sampled differ from the trainer's (other kernels, bf16, a policy that lags in
+async runs). With the ratio taken against the trainer's own log-probs (`loss.ratio_reference=policy`), each token's loss
+is multiplied by a weight built from r = pi_trainer / pi_engine, detached. The modes follow TRL 1.16's
+`vllm_importance_sampling_mode` and IcePop:
+
+- `token_truncate` (ours by default, cap 2.0; Yao et al., 2025, truncated IS): min(r, cap) per token.
+- `token_mask`: r per token, 0 where r > cap.
+- `sequence_truncate`: one ratio per completion, exp of the *sum* of its tokens' log-ratios (the likelihood ratio
+  of the whole completion, as TRL takes it), min(r_seq, cap) on each of its tokens.
+- `sequence_mask` (TRL's default, with cap 3.0): r_seq on each token, the whole completion 0 where r_seq > cap.
+- `icepop` (IcePop, Ling team 2025): r per token, 0 where r lies outside the band [low, high], so tokens on which
+  trainer and engine disagree in either direction get no gradient.
+
+How this departs from TRL: TRL computes the weight once per batch from the engine's and the trainer's old log-probs;
+here it is computed per micro-batch from the proximal log-probs (the trainer's, as the batch found the policy), the
+same numbers. `loss.correction=null` uses no weight (needed with `loss.ratio_reference=sampler`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from grpo_pipe.config.errors import failed
+
+
+def token_ratio(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor) -> torch.Tensor:
+    """[B, T] pi_trainer / pi_sampler per token."""
+    return torch.exp(trainer_logprobs - sampler_logprobs)  # [B, T]
+
+
+def sequence_ratio(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] each completion's likelihood ratio (exp of its tokens' summed log-ratios), on each of its positions."""
+    summed = ((trainer_logprobs - sampler_logprobs) * mask).sum(dim=1, keepdim=True)  # [B, 1]
+    return torch.exp(summed).expand_as(trainer_logprobs)  # [B, T]
+
+
+def _cap_problems(key: str, cap: float) -> list[str]:
+    return failed((cap > 0, f"loss.correction.{key}={cap}: must be > 0"))
+
+
+class TokenTruncate:
+    """min(r, cap) per token: truncated importance sampling, the default.
+
+    Args:
+        cap: The largest weight a token gets.
+    """
+
+    def __init__(self, *, cap: float = 2.0) -> None:
+        self.cap = cap
+
+    def config_problems(self) -> list[str]:
+        return _cap_problems("cap", self.cap)
+
+    def weights(self, trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weight = token_ratio(trainer_logprobs, sampler_logprobs).clamp(max=self.cap)  # [B, T]
+        return weight, weight >= self.cap  # [B, T], [B, T] the tokens the cap reached
+
+
+class TokenMask:
+    """r per token, 0 where r > cap.
+
+    Args:
+        cap: Tokens whose ratio exceeds it get no loss.
+    """
+
+    def __init__(self, *, cap: float = 2.0) -> None:
+        self.cap = cap
+
+    def config_problems(self) -> list[str]:
+        return _cap_problems("cap", self.cap)
+
+    def weights(self, trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ratio = token_ratio(trainer_logprobs, sampler_logprobs)  # [B, T]
+        over = ratio > self.cap  # [B, T]
+        return ratio.masked_fill(over, 0.0), over
+
+
+class SequenceTruncate:
+    """min(r_seq, cap) on every token of a completion, r_seq its likelihood ratio.
+
+    Args:
+        cap: The largest weight a completion gets.
+    """
+
+    def __init__(self, *, cap: float = 2.0) -> None:
+        self.cap = cap
+
+    def config_problems(self) -> list[str]:
+        return _cap_problems("cap", self.cap)
+
+    def weights(self, trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weight = sequence_ratio(trainer_logprobs, sampler_logprobs, mask).clamp(max=self.cap)  # [B, T]
+        return weight, weight >= self.cap
+
+
+class SequenceMask:
+    """r_seq on every token of a completion, the whole completion 0 where r_seq > cap (TRL's default mode).
+
+    Args:
+        cap: Completions whose likelihood ratio exceeds it get no loss (TRL's default: 3.0).
+    """
+
+    def __init__(self, *, cap: float = 3.0) -> None:
+        self.cap = cap
+
+    def config_problems(self) -> list[str]:
+        return _cap_problems("cap", self.cap)
+
+    def weights(self, trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ratio = sequence_ratio(trainer_logprobs, sampler_logprobs, mask)  # [B, T]
+        over = ratio > self.cap  # [B, T]
+        return ratio.masked_fill(over, 0.0), over
+
+
+class IcePop:
+    """r per token, 0 where r is outside [low, high]: both directions of disagreement are masked.
+
+    Args:
+        low: The smallest ratio that keeps its token.
+        high: The largest ratio that keeps its token.
+    """
+
+    def __init__(self, *, low: float = 0.5, high: float = 2.0) -> None:
+        self.low = low
+        self.high = high
+
+    def config_problems(self) -> list[str]:
+        return failed(
+            (self.low > 0, f"loss.correction.low={self.low}: must be > 0"),
+            (self.high > self.low, f"loss.correction.high={self.high}: must be > loss.correction.low={self.low}"),
+        )
+
+    def weights(self, trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ratio = token_ratio(trainer_logprobs, sampler_logprobs)  # [B, T]
+        outside = (ratio < self.low) | (ratio > self.high)  # [B, T]
+        return ratio.masked_fill(outside, 0.0), outside
