@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from grpo_pipe.interfaces import SamplingCorrection
+from grpo_pipe.runner.components import build
 from grpo_pipe.trainer.importance import IcePop, SequenceMask, SequenceTruncate, TokenMask, TokenTruncate
 from grpo_pipe.trainer.loss import ClippedSurrogate, PolicyGradientLoss
+from tests.conftest import CONF
 
 # Two completions; pi_trainer / pi_engine per token: [3, 0.5, 1] and [1.5, 1.5, (padding: 10)].
 RATIOS = [[3.0, 0.5, 1.0], [1.5, 1.5, 10.0]]
@@ -75,3 +77,18 @@ def test_no_correction_weighs_every_token_one() -> None:
 def test_a_bad_setting_is_named_by_its_key(correction: SamplingCorrection, problem: str) -> None:
     loss_fn = PolicyGradientLoss(objective=ClippedSurrogate(), correction=correction)
     assert loss_fn.config_problems() == [problem]
+
+
+OPTIONS = sorted(p.stem for p in (CONF / "loss" / "correction").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_every_correction_option_builds_a_sampling_correction_inside_the_loss(compose_cfg, option: str) -> None:
+    loss = build(compose_cfg([f"loss/correction={option}"])).trainer.loss
+    assert isinstance(loss, PolicyGradientLoss) and isinstance(loss.correction, SamplingCorrection)
+    assert set(OPTIONS) == set(CASES)  # each option is checked by hand above
+
+
+def test_no_correction_is_a_setting_of_the_command_line(compose_cfg) -> None:
+    loss = build(compose_cfg(["loss.ratio_reference=sampler", "loss.correction=null"])).trainer.loss
+    assert isinstance(loss, PolicyGradientLoss) and loss.correction is None
