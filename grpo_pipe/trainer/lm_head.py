@@ -70,7 +70,7 @@ def logits_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     compiled function (`fused`) or a chunk of rows at a time, recomputed in the backward pass, so only the logits
     themselves are held. Also for a model whose head cannot be run apart from it (a sharded root module: its hooks
     gather the head's weights)."""
-    if fused:
+    if fused and logits.shape[0] > 0:  # nothing scored (a sharded rank's padding pass): the plain path below
         logprob, entropy = _fused_from_logits()(logits, targets, temperature)
         return logprob, entropy if entropy_grad else entropy.detach()
     return _in_chunks(_from_logits, logits, targets, temperature, logits.shape[-1], entropy_grad)
@@ -94,9 +94,9 @@ def _in_chunks(score: ChunkScore, rows_in: torch.Tensor, targets: torch.Tensor, 
             logprob, entropy = score(part, wanted, temperature)
         logprobs.append(logprob)
         entropies.append(entropy if entropy_grad else entropy.detach())
-    if not logprobs:
-        empty = rows_in.new_zeros(0, dtype=torch.float32)
-        return empty, empty
+    if not logprobs:  # nothing scored: still through `score`, so a backward reaches every weight it would
+        logprob, entropy = score(rows_in, targets, temperature)  # [0], [0]
+        return logprob, entropy if entropy_grad else entropy.detach()
     return torch.cat(logprobs), torch.cat(entropies)
 
 

@@ -24,13 +24,16 @@ from grpo_pipe.types import RequestTelemetry, RolloutGroup
 from tests.fakes import scored_groups
 
 TELEMETRY = RequestTelemetry(prompt_tokens=4, generated_tokens=3, cached_prompt_tokens=0)
+# Padded micro-batches, as the counts below assume; the packed layout has a test of its own (LoRA, below).
 SETTINGS = dict(steps=3, optimisation=OptimisationSettings(lr=1e-3, grad_clip=1.0),
-                batching=BatchingSettings(micro_batch_size=3))
+                batching=BatchingSettings(packed=False, micro_batch_size=3))
 # With the KL term on, every completion runs (zero advantages included) but the truncated one is masked:
 # 11 active, micro-batches of 4, 4, 3 -> rank 1 runs a padding micro-batch to join the collectives.
 # Two updates per batch: the second pass moves away from the reference, so the KL gradient is not zero.
 KL_SETTINGS = dict(SETTINGS, optimisation=OptimisationSettings(lr=1e-3, grad_clip=1.0, updates_per_batch=2),
-                   batching=BatchingSettings(micro_batch_size=4))
+                   batching=BatchingSettings(packed=False, micro_batch_size=4))
+# Packed rows of at most 36 tokens: 11 sequences of 6-10 tokens in three passes, so one rank runs a padding pass.
+PACKED_KL_SETTINGS = dict(KL_SETTINGS, batching=BatchingSettings(packed=True, max_tokens=36))
 DR_GRPO_KL = dict(aggregation="constant", max_tokens=6, normalize_std=False, mask_truncated=True, kl_coef=0.05)
 DAPO_KL = dict(aggregation="token_mean", mask_truncated=True, kl_coef=0.05)
 
@@ -159,11 +162,14 @@ def _assert_plain_hf_folder(folder: Path) -> None:
     assert sum(p.numel() for p in model.parameters()) > 0
 
 
-def test_lora_two_ranks_match_one_device(ray_local: None, model_path: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("settings", [KL_SETTINGS, PACKED_KL_SETTINGS], ids=["padded", "packed"])
+def test_lora_two_ranks_match_one_device(ray_local: None, model_path: Path, tmp_path: Path, settings: dict) -> None:
     groups, rewards = _groups()
     lora = {"rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"]}
-    single = _single(model_path, LoraPolicy(**lora), loss=DAPO_KL, **KL_SETTINGS)
-    sharded = _sharded(model_path, 2, LoraPolicy(**lora), loss=DAPO_KL, **KL_SETTINGS)
+    single = _single(model_path, LoraPolicy(**lora), loss=DAPO_KL, **settings)
+    sharded = _sharded(model_path, 2, LoraPolicy(**lora), loss=DAPO_KL, **settings)
+    whole, _ = sharded.plan(groups, rewards)
+    assert len(whole.cuts) % 2 == 1  # an odd number of passes: one rank runs a padding pass
     try:
         # B starts at zero: after one step the adapter is not a no-op. The reference is the adapter
         # switched off: on the ranks a sharded (collective) forward, padding micro-batch included.
