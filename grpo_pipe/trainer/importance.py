@@ -20,6 +20,8 @@ same numbers. `loss.correction=null` uses no weight (needed with `loss.ratio_ref
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from grpo_pipe.config.errors import failed
@@ -40,6 +42,19 @@ def _cap_problems(key: str, cap: float) -> list[str]:
     return failed((cap > 0, f"loss.correction.{key}={cap}: must be > 0"))
 
 
+def _truncated(ratio: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """min(ratio, cap), and the tokens the cap reached. [B, T] -> [B, T], [B, T]"""
+    weight = ratio.clamp(max=cap)
+    return weight, weight >= cap
+
+
+def _masked(ratio: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """ratio, 0 where it exceeds cap, and those tokens. [B, T] -> [B, T], [B, T]"""
+    over = ratio > cap
+    return ratio.masked_fill(over, 0.0), over
+
+
+@dataclass(kw_only=True)
 class TokenTruncate:
     """min(r, cap) per token: truncated importance sampling, the default.
 
@@ -47,18 +62,17 @@ class TokenTruncate:
         cap: The largest weight a token gets.
     """
 
-    def __init__(self, *, cap: float = 2.0) -> None:
-        self.cap = cap
+    cap: float = 2.0
 
     def config_problems(self) -> list[str]:
         return _cap_problems("cap", self.cap)
 
     def weights(self, trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
                 mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        weight = token_ratio(trainer_logprobs, sampler_logprobs).clamp(max=self.cap)  # [B, T]
-        return weight, weight >= self.cap  # [B, T], [B, T] the tokens the cap reached
+        return _truncated(token_ratio(trainer_logprobs, sampler_logprobs), self.cap)
 
 
+@dataclass(kw_only=True)
 class TokenMask:
     """r per token, 0 where r > cap.
 
@@ -66,19 +80,17 @@ class TokenMask:
         cap: Tokens whose ratio exceeds it get no loss.
     """
 
-    def __init__(self, *, cap: float = 2.0) -> None:
-        self.cap = cap
+    cap: float = 2.0
 
     def config_problems(self) -> list[str]:
         return _cap_problems("cap", self.cap)
 
     def weights(self, trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
                 mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ratio = token_ratio(trainer_logprobs, sampler_logprobs)  # [B, T]
-        over = ratio > self.cap  # [B, T]
-        return ratio.masked_fill(over, 0.0), over
+        return _masked(token_ratio(trainer_logprobs, sampler_logprobs), self.cap)
 
 
+@dataclass(kw_only=True)
 class SequenceTruncate:
     """min(r_seq, cap) on every token of a completion, r_seq its likelihood ratio.
 
@@ -86,18 +98,17 @@ class SequenceTruncate:
         cap: The largest weight a completion gets.
     """
 
-    def __init__(self, *, cap: float = 2.0) -> None:
-        self.cap = cap
+    cap: float = 2.0
 
     def config_problems(self) -> list[str]:
         return _cap_problems("cap", self.cap)
 
     def weights(self, trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
                 mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        weight = sequence_ratio(trainer_logprobs, sampler_logprobs, mask).clamp(max=self.cap)  # [B, T]
-        return weight, weight >= self.cap
+        return _truncated(sequence_ratio(trainer_logprobs, sampler_logprobs, mask), self.cap)
 
 
+@dataclass(kw_only=True)
 class SequenceMask:
     """r_seq on every token of a completion, the whole completion 0 where r_seq > cap (TRL's default mode).
 
@@ -105,19 +116,17 @@ class SequenceMask:
         cap: Completions whose likelihood ratio exceeds it get no loss (TRL's default: 3.0).
     """
 
-    def __init__(self, *, cap: float = 3.0) -> None:
-        self.cap = cap
+    cap: float = 3.0
 
     def config_problems(self) -> list[str]:
         return _cap_problems("cap", self.cap)
 
     def weights(self, trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
                 mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        ratio = sequence_ratio(trainer_logprobs, sampler_logprobs, mask)  # [B, T]
-        over = ratio > self.cap  # [B, T]
-        return ratio.masked_fill(over, 0.0), over
+        return _masked(sequence_ratio(trainer_logprobs, sampler_logprobs, mask), self.cap)
 
 
+@dataclass(kw_only=True)
 class IcePop:
     """r per token, 0 where r is outside [low, high]: both directions of disagreement are masked.
 
@@ -126,9 +135,8 @@ class IcePop:
         high: The largest ratio that keeps its token.
     """
 
-    def __init__(self, *, low: float = 0.5, high: float = 2.0) -> None:
-        self.low = low
-        self.high = high
+    low: float = 0.5
+    high: float = 2.0
 
     def config_problems(self) -> list[str]:
         return failed(

@@ -89,6 +89,7 @@ def _clip(ratio: torch.Tensor, advantages: torch.Tensor, weight: torch.Tensor, l
     return Surrogate(per_token, unclipped, clipped, ratio)
 
 
+@dataclass(kw_only=True)
 class ClippedSurrogate:
     """PPO's clipped surrogate with a ratio per token.
 
@@ -97,9 +98,8 @@ class ClippedSurrogate:
         clip_high: Ratios above 1 + clip_high are clipped (DAPO's clip-higher when above clip_low).
     """
 
-    def __init__(self, *, clip_low: float = 0.2, clip_high: float = 0.28) -> None:
-        self.clip_low = clip_low
-        self.clip_high = clip_high
+    clip_low: float = 0.2
+    clip_high: float = 0.28
 
     def config_problems(self) -> list[str]:
         return _clip_problems(self.clip_low, self.clip_high)
@@ -114,6 +114,7 @@ class ClippedSurrogate:
         return _clip(ratio, advantages, weight, self.clip_low, self.clip_high)
 
 
+@dataclass(kw_only=True)
 class SequenceRatio:
     """GSPO: one ratio per completion, exp of the mean log-ratio of its own tokens, clipped as a whole.
 
@@ -122,9 +123,8 @@ class SequenceRatio:
         clip_high: Sequence ratios above 1 + clip_high are clipped (the paper: 4e-4).
     """
 
-    def __init__(self, *, clip_low: float = 3e-4, clip_high: float = 4e-4) -> None:
-        self.clip_low = clip_low
-        self.clip_high = clip_high
+    clip_low: float = 3e-4
+    clip_high: float = 4e-4
 
     def config_problems(self) -> list[str]:
         return _clip_problems(self.clip_low, self.clip_high)
@@ -141,6 +141,7 @@ class SequenceRatio:
         return _clip(ratio, advantages, weight, self.clip_low, self.clip_high)
 
 
+@dataclass(kw_only=True)
 class ClippedWeights:
     """CISPO: each token's loss is -min(ratio, max_weight) x advantage x log pi, the ratio detached.
 
@@ -148,8 +149,7 @@ class ClippedWeights:
         max_weight: The cap on a token's ratio weight (ScaleRL's eps_max; TRL: epsilon_high=5.0 with cispo).
     """
 
-    def __init__(self, *, max_weight: float = 5.0) -> None:
-        self.max_weight = max_weight
+    max_weight: float = 5.0
 
     def config_problems(self) -> list[str]:
         return failed((self.max_weight > 0, f"loss.objective.max_weight={self.max_weight}: must be > 0"))
