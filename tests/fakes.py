@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from grpo_pipe.episodes.single_turn import SingleTurn
-from grpo_pipe.rollout.scheduler import SchedulerSettings, StalePolicy
+from grpo_pipe.environments.single_turn import SingleTurn
+from grpo_pipe.rollout.scheduler import RolloutSchedulerSettings, StalePolicy
 from grpo_pipe.runner.components import Components
 from grpo_pipe.runner.settings import RunSettings
 from grpo_pipe.types import (
@@ -291,7 +291,7 @@ def fake_components(
         curriculum=FakeCurriculum(),
         trainer=CountingTrainer(steps),
         rollout=FakeEngine(),
-        rollout_scheduler=SchedulerSettings(max_staleness=max_staleness, stale_policy=stale_policy),
+        rollout_scheduler=RolloutSchedulerSettings(max_staleness=max_staleness, stale_policy=stale_policy),
         environment=SingleTurn(),
         weight_bridge=RecordingBridge(sync_every),
         placement=SamePlacement(),

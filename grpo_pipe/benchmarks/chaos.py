@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_pipe.benchmarks.job_processes import kill_left, start_job, still_alive, wait_held_or_ended
-from grpo_pipe.episodes.tools.calculator import Calculator
+from grpo_pipe.environments.tools.calculator import Calculator
 from grpo_pipe.rollout.ledger import IN_FLIGHT, TRAINED
 from grpo_pipe.runtime.env import cache_dir
 from grpo_pipe.runtime.halt import halt_point

@@ -1,7 +1,7 @@
 """A `RolloutEngine` over a plain transformers model, for grading: the same episodes our jobs run on vLLM, decoded by
 one engine for every snapshot of every tool, so two tools' figures differ only in their weights.
 
-It keeps vLLM's contract where an episode runner relies on it:
+It keeps vLLM's contract where an environment relies on it:
 - `temperature` 0 is greedy; above 0 it samples (top-p, no top-k), seeded from `sampling.seed` when one is given.
 - each prompt's budget is `sampling.max_tokens_each[i]` (else `max_tokens`); a completion that reaches it ends with
   finish reason "length".

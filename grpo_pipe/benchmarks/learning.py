@@ -38,10 +38,10 @@ from omegaconf import DictConfig, OmegaConf
 from grpo_pipe.benchmarks.curves import Curve, Marks, Snapshot, minutes_to_reach
 from grpo_pipe.benchmarks.hf_engine import HFEngine
 from grpo_pipe.benchmarks.trl_job import render_text, scored_completion, train_peer
-from grpo_pipe.benchmarks.trl_tools import ToolEpisodeRunner
+from grpo_pipe.benchmarks.trl_tools import EnvironmentWithTools
 from grpo_pipe.config.errors import InputError
 from grpo_pipe.config.sources import CONF_DIR
-from grpo_pipe.interfaces import EpisodeRunner, Reward
+from grpo_pipe.interfaces import Environment, Reward
 from grpo_pipe.runner.components import Components, build
 from grpo_pipe.runner.recipe import GRPORecipe
 from grpo_pipe.types import RewardOutput, RolloutGroup, SamplingSettings, Task
@@ -126,18 +126,18 @@ def fraction_correct(scored: RewardOutput) -> float:
 @dataclass(frozen=True)
 class Grader:
     """One grader for every snapshot of both tools: the held-out tasks, their prompt ids, the job's reward, and the
-    job's episodes with tools (None: one turn per task, greedy figures from `grade` as before episodes)."""
+    job's episodes with tools (None: one turn per task, greedy figures from `grade` as before environment)."""
 
     tasks: list[Task]
     prompts: list[tuple[int, ...]]
     reward: Reward
     max_new_tokens: int  # per model turn
-    episodes: ToolEpisodeRunner | None
+    environment: EnvironmentWithTools | None
     sampled_k: int  # samples per task for the sampled figure (0: none)
     seed: int
 
     def greedy(self, model_path: Path) -> float:
-        if self.episodes is None:
+        if self.environment is None:
             return grade(model_path, self.tasks, self.prompts, self.reward, self.max_new_tokens)
         return self._accuracy(model_path, 1, SamplingSettings(temperature=0.0, max_tokens=self.max_new_tokens))
 
@@ -151,8 +151,8 @@ class Grader:
         engine.connect(model_path)
         counts = [samples] * len(self.tasks)
         try:
-            completions = (engine.generate(self.prompts, counts, sampling) if self.episodes is None
-                           else self.episodes.generate(engine, self.tasks, self.prompts, counts, sampling))
+            completions = (engine.generate(self.prompts, counts, sampling) if self.environment is None
+                           else self.environment.generate(engine, self.tasks, self.prompts, counts, sampling))
         finally:
             engine.shutdown()
         groups = [RolloutGroup(t, p, tuple(c)) for t, p, c in zip(self.tasks, self.prompts, completions)]
@@ -182,18 +182,18 @@ def held_out(parts: Components, model_path: Path, size: int) -> tuple[list[Task]
     return tasks, [tuple(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts], texts
 
 
-def make_grader(parts: Components, runner: EpisodeRunner, cfg: DictConfig, model_path: Path, size: int,
+def make_grader(parts: Components, environment: Environment, cfg: DictConfig, model_path: Path, size: int,
                 sampled_k: int) -> Grader:
-    """The grader of this job; `runner` is an episode runner of its own (a run closes the one it used)."""
+    """The grader of this job; `environment` is one of its own (a run closes the one it used)."""
     from transformers import AutoTokenizer
 
-    if not isinstance(runner, ToolEpisodeRunner):
+    if not isinstance(environment, EnvironmentWithTools):
         tasks, prompts, _ = held_out(parts, model_path, size)
         return Grader(tasks, prompts, parts.reward, int(cfg.run.eval_max_new_tokens), None, sampled_k, int(cfg.run.seed))
-    runner.setup(AutoTokenizer.from_pretrained(model_path), parts.data.system_prompt, int(cfg.rollout.max_model_len))
+    environment.setup(AutoTokenizer.from_pretrained(model_path), parts.data.system_prompt, int(cfg.rollout.max_model_len))
     tasks = list(parts.data.eval_tasks())[:size]
-    prompts = [runner.render_prompt(t) for t in tasks]
-    return Grader(tasks, prompts, parts.reward, int(cfg.run.eval_max_new_tokens), runner, sampled_k, int(cfg.run.seed))
+    prompts = [environment.render_prompt(t) for t in tasks]
+    return Grader(tasks, prompts, parts.reward, int(cfg.run.eval_max_new_tokens), environment, sampled_k, int(cfg.run.seed))
 
 
 def report(curves: Sequence[Curve], budget_s: float) -> dict[str, Any]:
@@ -266,7 +266,7 @@ def main() -> None:
             curves.append(train_peer(build(cfg), cfg, model_path, budget_s, every_s, out))
         size = args.grade_size or int(cfg.run.eval_size)
         grader = make_grader(parts, build(cfg).environment, cfg, model_path, size, args.sampled_k)
-        how = "one turn" if grader.episodes is None else "episodes with tools"
+        how = "one turn" if grader.environment is None else "episodes with tools"
         print(f"\nGrading every snapshot on {len(grader.tasks)} held-out tasks ({how}, greedy, fp32 transformers, "
               f"{cfg.run.eval_max_new_tokens} new tokens per turn)", flush=True)
         for curve in curves:

@@ -13,11 +13,11 @@ import torch
 from omegaconf import DictConfig
 
 from grpo_pipe.benchmarks.curves import Curve, Snapshot
-from grpo_pipe.benchmarks.trl_tools import ToolEpisodeRunner, episode_log, tool_peer
+from grpo_pipe.benchmarks.trl_tools import EnvironmentWithTools, episode_log, tool_peer
 from grpo_pipe.config.errors import InputError
 from grpo_pipe.data.prompts import chat_messages
-from grpo_pipe.episodes.tool_episodes import CallFormat
-from grpo_pipe.interfaces import EpisodeRunner, Reward
+from grpo_pipe.environments.tool_environment import CallFormat
+from grpo_pipe.interfaces import Environment, Reward
 from grpo_pipe.runner.components import Components
 from grpo_pipe.runner.step_metrics import sample_rows
 from grpo_pipe.types import Completion, EpisodeLog, RequestTelemetry, RolloutGroup, Task
@@ -39,20 +39,20 @@ def train_peer(parts: Components, cfg: DictConfig, model_path: Path, budget_s: f
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     tasks = list(parts.data.train_tasks())
-    episodes, system_prompt = parts.environment, parts.data.system_prompt
+    environment, system_prompt = parts.environment, parts.data.system_prompt
     prompts: list[str] | list[list[dict[str, str]]]
     call_format = None
-    if isinstance(episodes, ToolEpisodeRunner):
-        call_format = episodes.call_format
-        episodes.setup(tokenizer, system_prompt, int(cfg.rollout.max_model_len))
-        tools = tool_peer(episodes, tokenizer, system_prompt)
+    if isinstance(environment, EnvironmentWithTools):
+        call_format = environment.call_format
+        environment.setup(tokenizer, system_prompt, int(cfg.rollout.max_model_len))
+        tools = tool_peer(environment, tokenizer, system_prompt)
         prompts = conversations = [tools.conversation(t) for t in tasks]
         check_same_prompts(tools.prompt_ids(tools.tokenizer(model_path), conversations),
-                           [episodes.render_prompt(t) for t in tasks])
+                           [environment.render_prompt(t) for t in tasks])
     else:
         tools, prompts = None, [render_text(tokenizer, system_prompt, t) for t in tasks]
     samples: list[dict[str, Any]] = []
-    run = train_trl(model_path, prompts, [t.answer for t in tasks], peer_settings(cfg, episodes), budget_s=budget_s,
+    run = train_trl(model_path, prompts, [t.answer for t in tasks], peer_settings(cfg, environment), budget_s=budget_s,
                     mark_every_s=every_s, out_dir=out / "trl",
                     reward_fn=job_reward(parts.reward, tasks, call_format, samples), tools=tools)
     snapshots = [Snapshot(s.train_s, s.step, s.path) for s in run.snapshots]
@@ -99,14 +99,14 @@ def scored_completion(text: str, episode: EpisodeLog | None = None) -> Completio
                       episode=episode)
 
 
-def peer_settings(cfg: DictConfig, episodes: EpisodeRunner) -> Any:
+def peer_settings(cfg: DictConfig, environment: Environment) -> Any:
     """Our job's hyper-parameters in TRL's terms; with tools, an episode's token budget is TRL's completion length,
     `run.max_new_tokens` caps each turn and TRL's tool rounds are our turns less the first. TRL has no entropy bonus:
     the peer runs without `loss.entropy_coef`, as a TRL user would."""
     from grpo_pipe.benchmarks.trl_peer import PeerSettings
 
     micro = cfg.trainer.batching.micro_batch_size or (16 if torch.cuda.is_available() else 8)
-    tools = episodes if isinstance(episodes, ToolEpisodeRunner) else None
+    tools = environment if isinstance(environment, EnvironmentWithTools) else None
     return PeerSettings(
         lr=float(cfg.trainer.optimisation.lr), warmup_steps=int(cfg.trainer.optimisation.lr_schedule.warmup_steps),
         prompts_per_step=int(cfg.curriculum.prompts_per_step), samples_per_prompt=int(cfg.curriculum.samples_per_prompt),

@@ -35,16 +35,16 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.episodes.calling import Call, call_all
-from grpo_pipe.episodes.tool_episodes import CallFormat, episode_messages, with_instructions
-from grpo_pipe.episodes.toolbox import Tool, function_tools
-from grpo_pipe.interfaces import EpisodeRunner
+from grpo_pipe.environments.calling import Call, call_all
+from grpo_pipe.environments.tool_environment import CallFormat, episode_messages, with_instructions
+from grpo_pipe.environments.toolbox import Tool, function_tools
+from grpo_pipe.interfaces import Environment
 from grpo_pipe.types import EpisodeLog, Task, Turn
 
 
 @runtime_checkable
-class ToolEpisodeRunner(EpisodeRunner, Protocol):
-    """An episode runner with tools (`environment=tools`): the settings the grader and the TRL peer mirror."""
+class EnvironmentWithTools(Environment, Protocol):
+    """An environment with tools (`environment=tools`): the settings the grader and the TRL peer mirror."""
 
     @property
     def tool_specs(self) -> Sequence[str]: ...  # shipped names or FILE.py:NAME of plain functions
@@ -122,7 +122,7 @@ class ToolPeer:
     demonstration: list[dict[str, str]]
 
     def conversation(self, task: Task) -> list[dict[str, str]]:
-        """The task's prompt as messages, exactly as `ToolEpisodes.render_prompt` builds them before rendering."""
+        """The task's prompt as messages, exactly as `ToolEnvironment.render_prompt` builds them before rendering."""
         return episode_messages(self.system_prompt, self.demonstration, task)
 
     def tokenizer(self, model_path: Path) -> Any:
@@ -141,30 +141,30 @@ class ToolPeer:
         return [list(ids) for ids in rendered["input_ids"]]
 
 
-def tool_peer(episodes: ToolEpisodeRunner, tokenizer: Any, system_prompt: str) -> ToolPeer:
+def tool_peer(environment: EnvironmentWithTools, tokenizer: Any, system_prompt: str) -> ToolPeer:
     """TRL's view of `episodes` for the model whose (ChatML) tokenizer this is; ConfigError naming every setting TRL's
     tool loop cannot mirror."""
-    problems = tool_peer_problems(episodes)
+    problems = tool_peer_problems(environment)
     if problems:
         raise ConfigError([f"environment: the TRL peer cannot run these episodes: {p}" for p in problems])
-    parameter = episodes.tools[0].parameters[0]
-    callables = function_tools(list(episodes.tool_specs), episodes.tool_options)  # the same tools, built the same way
-    instructions = episodes.call_format.instructions(episodes.tools)
+    parameter = environment.tools[0].parameters[0]
+    callables = function_tools(list(environment.tool_specs), environment.tool_options)  # the same tools, built the same way
+    instructions = environment.call_format.instructions(environment.tools)
     return ToolPeer(
-        functions=[trl_function(tool, callables[tool.name], episodes) for tool in episodes.tools],
+        functions=[trl_function(tool, callables[tool.name], environment) for tool in environment.tools],
         chat_template=tool_chat_template(tokenizer),
-        response_template=response_template([t.name for t in episodes.tools], parameter, tokenizer.eos_token),
+        response_template=response_template([t.name for t in environment.tools], parameter, tokenizer.eos_token),
         system_prompt=with_instructions(system_prompt, instructions),
-        demonstration=[dict(m) for m in episodes.demonstration],
+        demonstration=[dict(m) for m in environment.demonstration],
     )
 
 
-def tool_peer_problems(episodes: ToolEpisodeRunner) -> list[str]:
+def tool_peer_problems(environment: EnvironmentWithTools) -> list[str]:
     """Why TRL's tool loop could not run the same episodes (empty: it can)."""
     problems = []
-    if episodes.environment_class:
-        problems.append(f"environment_class={episodes.environment_class!r}: the peer runs plain function tools only")
-    tools, call_format = list(episodes.tools), episodes.call_format
+    if environment.environment_class:
+        problems.append(f"environment_class={environment.environment_class!r}: the peer runs plain function tools only")
+    tools, call_format = list(environment.tools), environment.call_format
     if call_format.template_renders_tools or call_format.stop_strings(tools) != [f"</{t.name}>" for t in tools]:
         problems.append(f"call_format={type(call_format).__name__}: the peer reads <NAME>ARGUMENT</NAME> calls (TagCalls)")
     if call_format.result_message("V")["role"] != "tool":
@@ -205,15 +205,15 @@ def response_template(tool_names: Sequence[str], parameter: str, eos_token: str)
     }
 
 
-def trl_function(tool: Tool, fn: Callable[..., Any], episodes: ToolEpisodeRunner) -> Callable[..., str]:
+def trl_function(tool: Tool, fn: Callable[..., Any], environment: EnvironmentWithTools) -> Callable[..., str]:
     """`tool` as TRL takes one: a function named after it, typed and documented from its schema (so TRL's schema
     is ours), that runs `fn` as our episodes do and returns the result message's content."""
     function = tool.schema["function"]
     properties: dict[str, Any] = function["parameters"].get("properties", {})
 
     def call(**arguments: Any) -> str:
-        result = call_all([Call(fn, arguments)], episodes.tool_timeout_s, episodes.max_result_chars)[0]
-        return episodes.call_format.result_message(result.text)["content"]
+        result = call_all([Call(fn, arguments)], environment.tool_timeout_s, environment.max_result_chars)[0]
+        return environment.call_format.result_message(result.text)["content"]
 
     hints = {name: _PYTHON_TYPES.get(spec.get("type", "string"), str) for name, spec in properties.items()}
     call.__name__ = call.__qualname__ = tool.name

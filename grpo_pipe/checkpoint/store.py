@@ -110,6 +110,18 @@ class Checkpoint:
 
 
 class CheckpointManager:
+    """The `checkpoint` group: when a run's state is written, where, how many are kept, and which one is the best.
+
+    Args:
+        every: Steps between checkpoints; 0 = only at the end (and on a clean stop).
+        keep_last: Checkpoints kept on disk (the newest); the best export is kept besides them.
+        best_metric: The held-out metric whose highest value is exported as `best/` (a Hugging Face folder); None:
+            keep no best.
+        directory: Where checkpoints go; None: `<run output dir>/checkpoints`.
+        on_save_error: A failed write (disk full, ...): `stop` ends the run with its message; `warn` logs it and
+            training goes on, so a later checkpoint may succeed once space is freed.
+    """
+
     def __init__(
         self,
         *,
@@ -119,13 +131,11 @@ class CheckpointManager:
         directory: str | None = None,
         on_save_error: Literal["stop", "warn"] = "stop",
     ) -> None:
-        self.every = every  # steps between checkpoints; 0 = only at the end (and on a clean stop)
+        self.every = every
         self.keep_last = keep_last
-        self.best_metric = best_metric  # higher is better; None = keep no best
+        self.best_metric = best_metric  # higher is better
         self.directory = directory
-        # A failed write (disk full, ...): "stop" raises CheckpointWriteError, which ends the run with its message;
-        # "warn" logs it and training goes on, so a later checkpoint may succeed once space is freed.
-        self.on_save_error = on_save_error
+        self.on_save_error = on_save_error  # "stop" raises CheckpointWriteError
         self.root: Path | None = None
         self.best_value: float | None = None
 

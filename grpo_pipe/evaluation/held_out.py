@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from grpo_pipe.data.prompts import a_few, cut_to
-from grpo_pipe.episodes.metrics import episode_metrics
+from grpo_pipe.environments.metrics import episode_metrics
 from grpo_pipe.evaluation.by_group import group_metrics
-from grpo_pipe.interfaces import EpisodeRunner, Reward, RolloutEngine
+from grpo_pipe.interfaces import Environment, Reward, RolloutEngine
 from grpo_pipe.types import (
     Completion,
     RewardOutput,
@@ -74,22 +74,22 @@ def metric_problem(metric: str) -> str | None:
 
 def evaluate(
     engine: RolloutEngine, prompts: Sequence[tuple[int, ...]], tasks: Sequence[Task], reward: Reward, plan: EvalPlan,
-    episodes: EpisodeRunner | None = None,
+    environment: Environment | None = None,
 ) -> dict[str, float]:
-    """Greedy metrics, plus pass@k when the plan asks for it; {} without held-out tasks. With `episodes`, held-out
+    """Greedy metrics, plus pass@k when the plan asks for it; {} without held-out tasks. With `environment`, held-out
     tasks run as episodes too (tools allowed), graded by the same reward."""
-    return evaluate_completions(engine, prompts, tasks, reward, plan, episodes)[0]
+    return evaluate_completions(engine, prompts, tasks, reward, plan, environment)[0]
 
 
 def evaluate_completions(
     engine: RolloutEngine, prompts: Sequence[tuple[int, ...]], tasks: Sequence[Task], reward: Reward, plan: EvalPlan,
-    episodes: EpisodeRunner | None = None,
+    environment: Environment | None = None,
 ) -> tuple[dict[str, float], list[Completion]]:
     """`evaluate`, and the greedy completions it scored (a few episodes are shown to people)."""
     if not tasks:
         return {}, []
     greedy = SamplingSettings(temperature=0.0, top_p=1.0, max_tokens=plan.max_tokens, extra=plan.extra)
-    completions = [r[0] for r in _generate(engine, episodes, tasks, prompts, 1, greedy)]  # [T]
+    completions = [r[0] for r in _generate(engine, environment, tasks, prompts, 1, greedy)]  # [T]
     scored = reward(_groups(prompts, tasks, [[c] for c in completions]))
     metrics = {
         **_reward_metrics(scored),
@@ -104,19 +104,19 @@ def evaluate_completions(
     metrics.update(group_metrics(tasks, completions, scored))
     metrics.update(episode_metrics([completions], prefix="eval/episodes"))
     if plan.pass_k > 0:
-        metrics.update(pass_at_k(engine, prompts, tasks, reward, plan, episodes))
+        metrics.update(pass_at_k(engine, prompts, tasks, reward, plan, environment))
     return metrics, completions
 
 
 def pass_at_k(
     engine: RolloutEngine, prompts: Sequence[tuple[int, ...]], tasks: Sequence[Task], reward: Reward, plan: EvalPlan,
-    episodes: EpisodeRunner | None = None,
+    environment: Environment | None = None,
 ) -> dict[str, float]:
     """k sampled completions per task; pass@k and pass@1 by the reward's notion of solved."""
     k = plan.pass_k
     sampling = SamplingSettings(temperature=plan.temperature, top_p=1.0, max_tokens=plan.max_tokens, seed=plan.seed,
                                 extra=plan.extra)
-    samples = _generate(engine, episodes, tasks, prompts, k, sampling)  # [T][k]
+    samples = _generate(engine, environment, tasks, prompts, k, sampling)  # [T][k]
     scored = reward(_groups(prompts, tasks, samples))
     if scored.correct is None:
         log.warning("run.eval_pass_k=%d: the reward has no notion of a solved task; pass@k not logged", k)
@@ -128,11 +128,11 @@ def pass_at_k(
     }
 
 
-def _generate(engine: RolloutEngine, episodes: EpisodeRunner | None, tasks: Sequence[Task],
+def _generate(engine: RolloutEngine, environment: Environment | None, tasks: Sequence[Task],
               prompts: Sequence[tuple[int, ...]], samples: int, sampling: SamplingSettings) -> list[list[Completion]]:
-    if episodes is None:
+    if environment is None:
         return engine.generate(prompts, [samples] * len(prompts), sampling)
-    return episodes.generate(engine, tasks, prompts, [samples] * len(prompts), sampling)
+    return environment.generate(engine, tasks, prompts, [samples] * len(prompts), sampling)
 
 
 def _metric_key(metric: str) -> str:

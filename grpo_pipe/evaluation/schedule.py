@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_pipe.evaluation.held_out import EvalPlan, evaluate_completions
-from grpo_pipe.interfaces import CheckpointStore, EpisodeRunner, Reward, RolloutEngine
+from grpo_pipe.interfaces import CheckpointStore, Environment, Reward, RolloutEngine
 from grpo_pipe.types import Completion, Task
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class HeldOutEvaluation:
         patience: int,
         checkpoints: CheckpointStore,
         export_best: Callable[[Path], None],
-        episodes: EpisodeRunner | None = None,
+        environment: Environment | None = None,
     ) -> None:
         self.prompts = list(prompts)
         self.tasks = list(tasks)
@@ -51,7 +51,7 @@ class HeldOutEvaluation:
         self.history: list[tuple[int, float]] = []  # (step, best_metric value)
         self.without_improvement = 0
         self.last = LastEvaluation()
-        self.episodes = episodes  # held-out tasks run as the training rollouts do (tools allowed); None: one engine call
+        self.environment = environment  # held-out tasks run as the training rollouts do (tools allowed); None: one engine call
         self.last_completions: list[Completion] = []  # the latest evaluation's greedy completions, one per task
 
     def due(self, step: int, last_step: int) -> bool:
@@ -61,7 +61,7 @@ class HeldOutEvaluation:
     def run(self, engine: RolloutEngine, step: int) -> dict[str, float]:
         """Evaluate now and note the result (a new best is exported; step 0 is the baseline)."""
         metrics, self.last_completions = evaluate_completions(engine, self.prompts, self.tasks, self.reward, self.plan,
-                                                              self.episodes)
+                                                              self.environment)
         self.last = LastEvaluation(step, metrics)
         self._note(step, metrics)
         return metrics

@@ -17,7 +17,7 @@ from grpo_pipe.interfaces.engines import (
     RolloutEngine,
     WorkerRpcEngine,
 )
-from grpo_pipe.interfaces.episodes import EpisodeRunner
+from grpo_pipe.interfaces.environments import Environment
 from grpo_pipe.interfaces.records import CheckpointStore, ChecksItsConfig, Tracker
 from grpo_pipe.interfaces.rewards import (
     HasSourceFiles,
@@ -48,7 +48,7 @@ __all__ = [
     "ChecksItsConfig",
     "ChecksTasks",
     "Curriculum",
-    "EpisodeRunner",
+    "Environment",
     "ProvidesRollouts",
     "GeneratesInBackground",
     "HasSourceFiles",

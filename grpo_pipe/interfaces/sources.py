@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from grpo_pipe.interfaces.engines import RolloutEngine
-from grpo_pipe.interfaces.episodes import EpisodeRunner
+from grpo_pipe.interfaces.environments import Environment
 from grpo_pipe.types import (
     Ledger,
     SamplingSettings,
@@ -189,19 +189,19 @@ class RolloutSourceFactory(Protocol):
     def build(
         self, engine: RolloutEngine, next_batch: Callable[[], list[tuple[Task, int]]],
         render: Callable[[Task], tuple[int, ...]], sampling: SamplingSettings, *, total_steps: int,
-        prompt_limit: int | None, overlong_prompts: Literal["skip", "truncate"], episodes: EpisodeRunner,
+        prompt_limit: int | None, overlong_prompts: Literal["skip", "truncate"], environment: Environment,
     ) -> RolloutSource:
         """The recipe's source of batches, once the engine, the curriculum and the prompts exist.
 
         Args:
             engine: The engine batches are generated on.
             next_batch: The curriculum's `next_batch`: the tasks of the next batch to submit.
-            render: A task's prompt token ids (the episode runner's `render_prompt`).
+            render: A task's prompt token ids (the environment's `render_prompt`).
             sampling: The sampling settings of every generation.
             total_steps: The run's steps: nothing is generated for a step past them.
             prompt_limit: The most prompt tokens that leave room for a completion, or None for no limit.
             overlong_prompts: What happens to a longer prompt: `skip` its task, or `truncate` it.
-            episodes: The episode runner that turns each prompt into completions.
+            environment: The environment that turns each prompt into completions (one turn, or episodes with tools).
         """
         ...
 

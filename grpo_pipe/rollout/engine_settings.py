@@ -14,25 +14,38 @@ from grpo_pipe.config.errors import failed
 
 @dataclass(frozen=True, kw_only=True)
 class MemorySettings:
-    """How much memory the engine takes, and whether it can give it back while the trainer runs."""
+    """How much memory the engine takes, and whether it can give it back while the trainer runs.
 
-    gpu_memory_utilization: float = 0.35  # GPU only: the engine's share of the device (the trainer shares it)
-    kv_cache_gib: float = 1.0  # CPU only: an explicit KV-cache size
-    max_num_seqs: int | None = None  # sequences the engine runs at once; None: vLLM's default for the machine
-    enable_sleep_mode: bool = False  # whether `sleep` can free the engine's memory (placement.sleep_level > 0)
+    Args:
+        gpu_memory_utilization: GPU only: the engine's share of the device (the trainer shares it).
+        kv_cache_gib: CPU only: an explicit KV-cache size.
+        max_num_seqs: Sequences the engine runs at once; None: vLLM's default for the machine.
+        enable_sleep_mode: Whether `sleep` can free the engine's memory (needed by `placement.sleep_level > 0`).
+    """
+
+    gpu_memory_utilization: float = 0.35
+    kv_cache_gib: float = 1.0
+    max_num_seqs: int | None = None
+    enable_sleep_mode: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
 class LayoutSettings:
-    """Where the engine runs: in this process or one of its own, on which GPUs, over how many, on which thread."""
+    """Where the engine runs: in this process or one of its own, on which GPUs, over how many, on which thread.
 
-    # None: resolved by the engine for the machine (its own process on a GPU, this one on a CPU; in placement=split's
-    # engine actors, the actor's process).
+    Args:
+        in_process: The engine core in this process (True) or one of its own (False). None: resolved by the engine
+            for the machine (its own process on a GPU, this one on a CPU; in `placement=split`'s engine actors, the
+            actor's process).
+        device_ids: GPU ids for an engine process of its own (e.g. "1"); None: the trainer's devices.
+        tensor_parallel_size: GPUs one replica spans (`placement=split` reserves them in Ray).
+        background: Generate on a thread of its own, so the trainer trains while the engine generates the next
+            batch. None: the runner decides (on exactly when the rollout scheduler may run ahead).
+    """
+
     in_process: bool | None = None
-    device_ids: str | None = None  # GPU ids for an engine process of its own (e.g. "1"); None: the trainer's devices
-    tensor_parallel_size: int = 1  # GPUs one replica spans (placement=split reserves them in Ray)
-    # Generate on a thread of its own, so the trainer trains while the engine generates the next batch.
-    # None: the runner decides (components.generate_in_background_if_ahead).
+    device_ids: str | None = None
+    tensor_parallel_size: int = 1
     background: bool | None = None
 
     def config_problems(self) -> list[str]:
@@ -49,16 +62,23 @@ class LayoutSettings:
 @dataclass(frozen=True, kw_only=True)
 class FeatureSettings:
     """Optional engine features: CUDA graphs, prefix caching, speculative decoding, per-request timestamps, and weight
-    syncs that land mid-generation."""
+    syncs that land mid-generation.
 
-    enforce_eager: bool | None = None  # None: CUDA graphs on a GPU, eager on a CPU (resolved where it runs)
+    Args:
+        enforce_eager: No CUDA graphs. None: CUDA graphs on a GPU, eager on a CPU (resolved where it runs).
+        enable_prefix_caching: vLLM's prefix cache (a request never reuses blocks computed with older weights).
+        speculative_config: vLLM's speculative decoding settings; None: off.
+        request_timestamps: Per-request queued / first / last token times (vLLM's request stats). Off unless asked
+            for: vLLM's per-step stats cost ~10% of the decode rate (0.5B 8x8 on an H100, core in its own process:
+            BENCHMARKS.md). None: the runner decides (on exactly when the reward reads them).
+        in_flight_updates: Syncs from other threads land between engine steps (off: after the running call).
+    """
+
+    enforce_eager: bool | None = None
     enable_prefix_caching: bool = True
-    speculative_config: dict[str, Any] | None = None  # vLLM's speculative decoding settings; None: off
-    # Per-request queued / first / last token times (vLLM's request stats). Off unless asked for: vLLM's per-step
-    # stats cost ~10% of the decode rate (0.5B 8x8 on an H100, core in its own process: BENCHMARKS.md).
-    # None: the runner decides (on exactly when the reward reads them).
+    speculative_config: dict[str, Any] | None = None
     request_timestamps: bool | None = None
-    in_flight_updates: bool = True  # syncs from other threads land between engine steps (off: after the running call)
+    in_flight_updates: bool = True
 
     def __post_init__(self) -> None:
         # vLLM writes into the speculative config it is given: the engine gets a copy of its own, and {} means off.

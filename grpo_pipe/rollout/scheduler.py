@@ -36,8 +36,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from grpo_pipe.data.prompts import a_few, cut_to
-from grpo_pipe.episodes.single_turn import SingleTurn
-from grpo_pipe.interfaces import EpisodeRunner, PendingRollout, RolloutEngine
+from grpo_pipe.environments.single_turn import SingleTurn
+from grpo_pipe.interfaces import Environment, PendingRollout, RolloutEngine
 from grpo_pipe.rollout.ledger import DROPPED, TRAINED, GroupRecord
 from grpo_pipe.runtime.stopping import GenerationInterrupted
 from grpo_pipe.types import Ledger, RolloutGroup, SamplingSettings, TakenBatch, Task, derive_seed
@@ -64,14 +64,21 @@ class _InFlight:
 
 
 @dataclass(frozen=True, kw_only=True)
-class SchedulerSettings:
+class RolloutSchedulerSettings:
     """The `rollout_scheduler` group: how far generation may run ahead of training, and what happens to a sample that
     would lag more. Its rules are stated here, beside the settings, and reported with every other config mistake
-    before anything loads; `build` makes the scheduler once the engine, the tasks and the prompts exist."""
+    before anything loads; `build` makes the scheduler once the engine, the tasks and the prompts exist.
 
-    max_staleness: int = 0  # policy versions a trained sample may lag the trainer; 0 = the synchronous loop
-    stale_policy: StalePolicy = "pace"  # pace: hold generation back within the bound | drop: discard (and count)
-    # Batches in flight at the checkpoint a run resumes from: keep (generated again, then trained) | drop (counted).
+    Args:
+        max_staleness: Policy versions a trained sample may lag the trainer; 0 = the synchronous loop.
+        stale_policy: `pace`: hold generation back within the bound; `drop`: discard a sample that lags more (and
+            count it).
+        in_flight_on_resume: Batches in flight at the checkpoint a run resumes from: `keep` (generated again from
+            the same tasks, then trained) or `drop` (counted in the ledger, never trained).
+    """
+
+    max_staleness: int = 0
+    stale_policy: StalePolicy = "pace"
     in_flight_on_resume: InFlightOnResume = "keep"
 
     def config_problems(self) -> list[str]:
@@ -87,16 +94,30 @@ class SchedulerSettings:
     def build(self, engine: RolloutEngine, next_batch: Callable[[], list[tuple[Task, int]]],
               render: Callable[[Task], tuple[int, ...]], sampling: SamplingSettings, *, total_steps: int,
               prompt_limit: int | None, overlong_prompts: Literal["skip", "truncate"],
-              episodes: EpisodeRunner) -> RolloutScheduler:
+              environment: Environment) -> RolloutScheduler:
         return RolloutScheduler(engine=engine, next_batch=next_batch, render=render, sampling=sampling, total_steps=total_steps,
                                 max_staleness=self.max_staleness, stale_policy=self.stale_policy,
-                                prompt_limit=prompt_limit, overlong_prompts=overlong_prompts, episodes=episodes,
+                                prompt_limit=prompt_limit, overlong_prompts=overlong_prompts, environment=environment,
                                 in_flight_on_resume=self.in_flight_on_resume)
 
 
 class RolloutScheduler:
-    """The source of training batches the recipe builds from `SchedulerSettings` (`RolloutSource` in interfaces):
-    see the module's description."""
+    """The source of training batches the recipe builds from `RolloutSchedulerSettings` (`RolloutSource` in interfaces):
+    see the module's description.
+
+    Args:
+        engine: The engine batches are generated on.
+        next_batch: The next batch's tasks, each with its number of samples (the curriculum's choice).
+        render: A task's prompt token ids (the environment's `render_prompt`).
+        sampling: The run's sampling settings; each batch gets its own seed from them.
+        total_steps: Training steps of the run: nothing is generated for a step past the last.
+        max_staleness: Policy versions a trained sample may lag the trainer; 0 = the synchronous loop.
+        stale_policy: `pace` or `drop`, as in `RolloutSchedulerSettings`.
+        prompt_limit: Prompt tokens that leave room for the answer in the engine; None: no limit.
+        overlong_prompts: A prompt over `prompt_limit` is skipped (and counted) or truncated from the left.
+        environment: Turns prompts into completions (one engine call, or episodes with tools); None: one turn.
+        in_flight_on_resume: `keep` or `drop`, as in `RolloutSchedulerSettings`.
+    """
 
     def __init__(
         self,
@@ -110,7 +131,7 @@ class RolloutScheduler:
         stale_policy: StalePolicy,
         prompt_limit: int | None = None,
         overlong_prompts: Literal["skip", "truncate"] = "skip",
-        episodes: EpisodeRunner | None = None,
+        environment: Environment | None = None,
         in_flight_on_resume: InFlightOnResume = "keep",
     ) -> None:
         self.engine = engine
@@ -122,7 +143,7 @@ class RolloutScheduler:
         self.stale_policy = stale_policy
         self.prompt_limit = prompt_limit  # prompt tokens that leave room for the answer in the engine
         self.overlong_prompts = overlong_prompts
-        self.episodes: EpisodeRunner = episodes or SingleTurn()  # one engine call per batch, or tool-using episodes
+        self.environment: Environment = environment or SingleTurn()  # one engine call per batch, or tool-using episodes
         self.in_flight_on_resume = in_flight_on_resume
         self.ledger = Ledger()
         self.groups = GroupRecord()  # each group's outcome by id `<batch>.<position>`
@@ -202,7 +223,7 @@ class RolloutScheduler:
         log.info("Generating batch %d: %d prompts, %d samples, up to %d new tokens each",
                  index, len(prompts), sum(samples), self.sampling.max_tokens)
         with self.guard():
-            pending = self.episodes.submit(self.engine, tasks, prompts, samples, self._sampling_for(index))
+            pending = self.environment.submit(self.engine, tasks, prompts, samples, self._sampling_for(index))
         self._queue.append(_InFlight(index, tasks, samples, prompts, pending))
         self.ledger.repeated += self.groups.submitted(index, len(tasks))
         self.ledger.submitted += len(tasks)

@@ -42,7 +42,16 @@ class VllmEngine:
     """An offline `vllm.LLM` engine, in this process or in an engine-core process of its own.
 
     What it serves (dtype, context, seed) is set here; how much memory it takes (`memory`), where it runs (`layout`)
-    and which optional engine features it uses (`features`) come as three settings groups (rollout/engine_settings.py)."""
+    and which optional engine features it uses (`features`) come as three settings groups (rollout/engine_settings.py).
+
+    Args:
+        dtype: The engine's weights and compute dtype (`auto`: bf16 on a GPU and on a CPU with native bf16, else fp32).
+        max_model_len: Prompt plus completion tokens one request may hold.
+        seed: vLLM's seed (per-request seeds come from the sampling settings where `run.seeded_sampling` asks).
+        memory: How much memory the engine takes (`rollout.memory`).
+        layout: Where it runs (`rollout.layout`).
+        features: Which optional engine features it uses (`rollout.features`).
+    """
 
     def __init__(
         self,

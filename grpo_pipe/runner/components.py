@@ -17,7 +17,7 @@ from grpo_pipe.config.validate import component_problems, instantiate_components
 from grpo_pipe.interfaces import (
     CheckpointStore,
     Curriculum,
-    EpisodeRunner,
+    Environment,
     GeneratesInBackground,
     ModelSource,
     Placement,
@@ -58,7 +58,7 @@ class Components:
     trainer: Trainer
     rollout: RolloutEngine  # as the placement placed it: the engine itself, or a handle to replicas
     rollout_scheduler: RolloutSourceFactory  # settings; the recipe builds the scheduler (engine, tasks, prompts)
-    environment: EpisodeRunner  # one turn per rollout, or tool-using episodes
+    environment: Environment  # one turn per rollout, or tool-using episodes
     weight_bridge: WeightBridge
     placement: Placement
     logger: Tracker

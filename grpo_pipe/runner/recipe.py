@@ -20,7 +20,7 @@ from grpo_pipe.bridges.contract import push_weights, sync_due
 from grpo_pipe.checkpoint.store import Checkpoint
 from grpo_pipe.config.errors import InputError
 from grpo_pipe.data.rows import bad_rows_problem
-from grpo_pipe.episodes.transcripts import write_episode_page
+from grpo_pipe.environments.transcripts import write_episode_page
 from grpo_pipe.evaluation.by_group import in_turn
 from grpo_pipe.evaluation.held_out import fit_held_out
 from grpo_pipe.evaluation.schedule import HeldOutEvaluation
@@ -107,7 +107,7 @@ class GRPORecipe:
             self.scheduler = p.rollout_scheduler.build(
                 self.engine, p.curriculum.next_batch, render, self.sampling, total_steps=p.trainer.steps,
                 prompt_limit=self.engine.max_model_len - p.environment.completion_budget(settings.max_new_tokens),
-                overlong_prompts=settings.overlong_prompts, episodes=p.environment,
+                overlong_prompts=settings.overlong_prompts, environment=p.environment,
             )
         # Groups of held-out tasks (lengths) take turns before the cut: each keeps its share, and the few episodes
         # shown to people hold one of each.
@@ -123,7 +123,7 @@ class GRPORecipe:
         self.held_out = HeldOutEvaluation(
             prompts=eval_prompts, tasks=eval_tasks, reward=p.reward, plan=settings.eval_plan(),
             eval_every=settings.eval_every, patience=settings.early_stop_patience, checkpoints=p.checkpoint,
-            export_best=self._export_policy, episodes=p.environment,
+            export_best=self._export_policy, environment=p.environment,
         )
 
     def train(self, first_step: int, stop: StopRequest) -> RunResult:

@@ -35,9 +35,38 @@ def objective_problem(objective: str) -> str | None:
 
 @dataclass(frozen=True)
 class RunSettings:
-    """Settings of the run itself (`run.*`)."""
+    """Settings of the run itself (`run.*`).
 
-    name: str | None = None  # MLflow run name; None = this job's overrides
+    Args:
+        name: MLflow run name; None: this job's overrides.
+        seed: Seeds the model's initialisation where random, the data's order, and every batch's sampling.
+        temperature: Sampling temperature; the trainer's log-probs use the same.
+        top_p: Accepted at 1.0 only: the trainer's log-probs follow the plain softmax at `temperature`.
+        max_new_tokens: Tokens one model turn may generate.
+        eval_every: Steps between held-out evaluations; 0: before the first step and after the last only.
+        eval_size: Held-out tasks per evaluation.
+        eval_max_new_tokens: Tokens one held-out answer may generate.
+        early_stop_patience: Stop after this many evaluations without a new best; 0: never.
+        max_minutes: Time budget of the training loop: the run ends normally after the step that passes it.
+        overlong_prompts: Prompts that leave no room for `max_new_tokens`: `skip` (counted) or `truncate`.
+        samples_to_log: Completions of each step kept for the run's `samples.json`.
+        seeded_sampling: Every batch sampled with a seed derived from `seed`: reproducible and resumable.
+        shutdown_grace_s: After a stop signal the process ends within this, finished or not.
+        eval_metric: What `eval/score` is: `accuracy` (the reward's notion of solved), `reward`, or `reward/<term>`.
+        eval_pass_k: Sampled completions per held-out task for `eval/pass_at_<k>`; 0: greedy only.
+        objective: What the job returns to a sweeper (Optuna) and what a sweep's comparison ranks by.
+        objective_direction: `maximize` or `minimize` the objective.
+        mismatch_warn: On-policy batches whose mean |log pi_trainer - log pi_sampler| passes this warn (once): the
+            engine is not serving the trainer's weights (a broken sync), or the two sides compute differently; None:
+            never.
+        top_k: Accepted at 0 only (as `top_p`).
+        min_p: Accepted at 0.0 only (as `top_p`).
+        repetition_penalty: Accepted at 1.0 only (as `top_p`).
+        sampling_extra: Other vLLM sampling parameters, passed through where they leave the distribution alone
+            (`stop`, `ignore_eos`, ...).
+    """
+
+    name: str | None = None
     seed: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
@@ -45,24 +74,20 @@ class RunSettings:
     eval_every: int = 0
     eval_size: int = 64
     eval_max_new_tokens: int = 96
-    early_stop_patience: int = 0  # stop after this many evaluations without a new best; 0 = never
-    max_minutes: float | None = None  # time budget for the training loop: the run ends normally after the step that passes it
-    overlong_prompts: Literal["skip", "truncate"] = "skip"  # prompts that leave no room for max_new_tokens
+    early_stop_patience: int = 0
+    max_minutes: float | None = None
+    overlong_prompts: Literal["skip", "truncate"] = "skip"
     samples_to_log: int = 16
-    seeded_sampling: bool = True  # every batch sampled with a seed derived from `seed`: reproducible, resumable
-    shutdown_grace_s: float = 30.0  # after a stop signal the process ends within this, finished or not
-    eval_metric: str = "accuracy"  # eval/score: accuracy (the reward's notion of solved) | reward | reward/<term>
-    eval_pass_k: int = 0  # k sampled completions per held-out task for eval/pass_at_<k>; 0 = greedy only
-    objective: str = "eval/accuracy"  # what the job returns to a sweeper (Optuna) and what a sweep's comparison ranks by
+    seeded_sampling: bool = True
+    shutdown_grace_s: float = 30.0
+    eval_metric: str = "accuracy"
+    eval_pass_k: int = 0
+    objective: str = "eval/accuracy"
     objective_direction: Literal["maximize", "minimize"] = "maximize"
-    # On-policy batches whose mean |log pi_trainer - log pi_sampler| passes this warn (once): the engine is not
-    # serving the trainer's weights (a broken sync), or the two sides compute differently; null = never.
     mismatch_warn: float | None = 0.1
-    # Sampling settings the trainer's log-probs do not follow (top_p too): accepted at their neutral values only.
     top_k: int = 0
     min_p: float = 0.0
     repetition_penalty: float = 1.0
-    # Other vLLM sampling parameters, passed through where they leave the distribution alone (stop, ignore_eos…).
     sampling_extra: Mapping[str, Any] = field(default_factory=dict)
 
     def config_problems(self) -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from grpo_pipe.episodes.metrics import episode_metrics
+from grpo_pipe.environments.metrics import episode_metrics
 from grpo_pipe.interfaces import RolloutSource
 from grpo_pipe.runner import step_metrics
 from grpo_pipe.trainer.memory import memory_metrics

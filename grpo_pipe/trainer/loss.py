@@ -71,7 +71,9 @@ class Objective(Protocol):
 
     def surrogate(self, new_logprobs: torch.Tensor, reference: torch.Tensor, advantages: torch.Tensor,
                   mask: torch.Tensor, weight: torch.Tensor) -> Surrogate:
-        """Args:
+        """The per-token loss term, and the ratios it was made of (for the clip statistics).
+
+        Args:
             new_logprobs: [B, T] log pi_theta of the completion tokens, with their graph.
             reference: [B, T] the ratio's reference log-probs, detached.
             advantages: [B] one per completion.
@@ -348,7 +350,24 @@ def GRPOLoss(  # noqa: N802 the name the family's loss had as one class: a thin 
     entropy_floor: float | None = None,
 ) -> PolicyGradientLoss:
     """The family's loss from the flat settings of one class: `objective=cispo` is `ClippedWeights`,
-    `ratio_level=sequence` is `SequenceRatio`, `is_cap` a `TokenTruncate` (None: no correction)."""
+    `ratio_level=sequence` is `SequenceRatio`, `is_cap` a `TokenTruncate` (None: no correction).
+
+    Args:
+        aggregation: How token terms become the loss, as `PolicyGradientLoss.aggregation`.
+        normalize_std: Divide each group's advantages by its standard deviation (GRPO); False: Dr.GRPO.
+        clip_low: The trust region's lower side: ratios under 1 - clip_low are clipped.
+        clip_high: Its upper side (DAPO's clip-higher when above `clip_low`).
+        kl_coef: Weight of the KL penalty to the reference policy; 0: none.
+        max_tokens: The constant normaliser of `aggregation=constant` (Dr.GRPO's).
+        mask_truncated: Completions cut by the token budget get no loss (DAPO's overlong filtering).
+        ratio_reference: What the ratio is taken against, as `PolicyGradientLoss.ratio_reference`.
+        is_cap: The per-token sampling correction's cap (`TokenTruncate`); None: no correction.
+        ratio_level: `token` (PPO's ratio per token) or `sequence` (GSPO's `SequenceRatio`).
+        objective: `clipped` (the surrogate) or `cispo` (`ClippedWeights`).
+        cispo_max: CISPO's cap on the detached weight.
+        entropy_coef: Weight of the entropy bonus; 0: none.
+        entropy_floor: The bonus only for completions whose mean entropy per token is below this (nats); None: all.
+    """
     chosen: Objective
     if objective == "cispo":
         chosen = ClippedWeights(max_weight=cispo_max)

@@ -43,7 +43,7 @@ GROUP_PROTOCOLS = {
     "weight_bridge": interfaces.WeightBridge, "placement": interfaces.Placement, "logger": interfaces.Tracker,
     "checkpoint": interfaces.CheckpointStore, "policy": interfaces.Policy, "loss": interfaces.PolicyLoss,
     "rollout_scheduler": interfaces.RolloutSourceFactory,  # what it builds: tests/integration/rollout/test_scheduler.py
-    "environment": interfaces.EpisodeRunner,
+    "environment": interfaces.Environment,
 }
 
 

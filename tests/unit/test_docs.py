@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import REPO
 
@@ -33,3 +37,47 @@ def test_the_pages_build_with_mkdocs_strict(tmp_path: Path) -> None:
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     assert "WeightBridge" in api and "sync_every" in api
     assert "engine_options" in api and "The live engine the bridge pushes into" in api
+
+
+def _undocumented(obj: object, label: str, params: list[str]) -> list[str]:
+    """`label`'s parameters that its docstring's Args: section does not name (all of them without the section)."""
+    if not params:
+        return []
+    doc = inspect.getdoc(obj) or ""
+    if "Args:" not in doc:
+        return [f"{label}: no Args: section ({', '.join(params)})"]
+    section = doc.split("Args:", 1)[1]
+    missing = [p for p in params if not re.search(rf"^\s+{re.escape(p)}(?![\w])[^\n]*:", section, re.MULTILINE)]
+    return [f"{label}: Args: lacks {missing}"] if missing else []
+
+
+def _parameters(function: Any) -> list[str]:
+    """The parameters as written in the source, which is what mkdocstrings renders (not a `__signature__` set later)."""
+    code = function.__code__
+    count = code.co_argcount + code.co_kwonlyargcount
+    names = list(code.co_varnames[:count])
+    if code.co_flags & inspect.CO_VARARGS:
+        names.append("*" + code.co_varnames[count])
+        count += 1
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        names.append("**" + code.co_varnames[count])
+    return [name for name in names if name not in ("self", "cls")]
+
+
+def test_every_component_on_the_api_page_documents_each_argument() -> None:
+    """The reference page is where a user looks first: each class's constructor and each Protocol method there says
+    what every argument is, in an Args: section mkdocstrings renders."""
+    names = re.findall(r"^::: (\S+)", (REPO / "docs" / "api.md").read_text(), re.MULTILINE)
+    problems: list[str] = []
+    for name in names:
+        module, _, attribute = name.rpartition(".")
+        obj = getattr(importlib.import_module(module), attribute)
+        if inspect.isfunction(obj):
+            problems += _undocumented(obj, name, _parameters(obj))
+        elif getattr(obj, "_is_protocol", False):
+            problems += [problem for method_name, method in vars(obj).items()
+                         if not method_name.startswith("_") and inspect.isfunction(method)
+                         for problem in _undocumented(method, f"{name}.{method_name}", _parameters(method))]
+        elif inspect.isclass(obj) and obj.__init__ is not object.__init__:
+            problems += _undocumented(obj, name, _parameters(obj.__init__))
+    assert len(names) > 60 and not problems, "\n".join(problems)

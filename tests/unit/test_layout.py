@@ -14,7 +14,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("runtime", "config"),                                # the process (signals, env variables); config checking
     ("interfaces",),                                      # the Protocols
     ("data", "models", "curriculum", "tracking", "serving", "checkpoint", "transport"),
-    ("rewards", "trainer", "episodes"),
+    ("rewards", "trainer", "environments"),
     ("rollout", "evaluation"),
     ("bridges", "placement"),
     ("runner",),                                          # the job: pipeline, recipe, components, bookkeeping

@@ -12,8 +12,8 @@ from transformers import AutoTokenizer
 
 from grpo_pipe.benchmarks.trl_peer import PeerSettings, completion_text, train_trl
 from grpo_pipe.benchmarks.trl_tools import ToolPeer, tool_peer
-from grpo_pipe.episodes.chat_glue import ChatGlue
-from grpo_pipe.episodes.tool_episodes import ToolEpisodes
+from grpo_pipe.environments.chat_glue import ChatGlue
+from grpo_pipe.environments.tool_environment import ToolEnvironment
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.types import Task
 
@@ -30,8 +30,8 @@ DEMONSTRATION = [
 TASKS = [Task(f"t/{i}", f"Calculate {i} * 12.", str(i * 12)) for i in range(8)]
 
 
-def _peer(model_path: Path) -> tuple[ToolEpisodes, ToolPeer]:
-    episodes = ToolEpisodes(tools=["calculator"], tool_options={"calculator": {"max_operations": 1}},
+def _peer(model_path: Path) -> tuple[ToolEnvironment, ToolPeer]:
+    episodes = ToolEnvironment(tools=["calculator"], tool_options={"calculator": {"max_operations": 1}},
                             demonstration=DEMONSTRATION, max_turns=3, max_episode_tokens=48)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     episodes.setup(tokenizer, SYSTEM, 512)

@@ -15,7 +15,7 @@ from grpo_pipe.benchmarks.curves import Curve, Snapshot
 from grpo_pipe.benchmarks.hf_engine import HFEngine
 from grpo_pipe.benchmarks.learning import Grader, grade_curve
 from grpo_pipe.data.prompts import render_prompt
-from grpo_pipe.episodes.tool_episodes import ToolEpisodes
+from grpo_pipe.environments.tool_environment import ToolEnvironment
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.types import Completion, RewardOutput, RolloutGroup, SamplingSettings, Task
 from tests.fixtures.call_formats import EveryTurnCalls
@@ -46,7 +46,7 @@ def model_path() -> Path:
 
 
 def _episode_grader(model_path: Path, reward: Any, sampled_k: int = 2) -> Grader:
-    episodes = ToolEpisodes(tools=["calculator"], call_format=EveryTurnCalls(), max_turns=2, max_episode_tokens=120)
+    episodes = ToolEnvironment(tools=["calculator"], call_format=EveryTurnCalls(), max_turns=2, max_episode_tokens=120)
     episodes.setup(AutoTokenizer.from_pretrained(model_path), "Use the calculator.", 512)
     return Grader(TASKS, [episodes.render_prompt(t) for t in TASKS], reward, 8, episodes, sampled_k, seed=0)
 

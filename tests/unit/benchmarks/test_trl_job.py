@@ -8,7 +8,7 @@ from typing import Any
 from hydra.utils import instantiate
 
 from grpo_pipe.benchmarks.trl_job import job_reward
-from grpo_pipe.episodes.call_formats import TagCalls
+from grpo_pipe.environments.call_formats import TagCalls
 from grpo_pipe.types import Task
 
 TASK = Task("arithmetic/0", "Calculate 14 + 3 * 25.", "89", metadata={"steps": [75, 89]})

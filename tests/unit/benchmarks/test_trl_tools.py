@@ -9,10 +9,10 @@ import pytest
 from transformers import AutoTokenizer
 from transformers.utils.chat_template_utils import get_json_schema
 
-from grpo_pipe.benchmarks.trl_tools import ToolEpisodeRunner, final_answer, tool_peer, tool_peer_problems
+from grpo_pipe.benchmarks.trl_tools import EnvironmentWithTools, final_answer, tool_peer, tool_peer_problems
 from grpo_pipe.config.errors import ConfigError
-from grpo_pipe.episodes.call_formats import HermesCalls
-from grpo_pipe.episodes.tool_episodes import ToolEpisodes
+from grpo_pipe.environments.call_formats import HermesCalls
+from grpo_pipe.environments.tool_environment import ToolEnvironment
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.types import Task
 from tests.conftest import REPO
@@ -42,8 +42,8 @@ def tokenizer(request: pytest.FixtureRequest) -> Any:
     return tokenizer
 
 
-def _episodes(tokenizer: Any, **settings: Any) -> ToolEpisodes:
-    episodes = ToolEpisodes(tools=["calculator"], tool_options={"calculator": {"max_operations": 1}},
+def _episodes(tokenizer: Any, **settings: Any) -> ToolEnvironment:
+    episodes = ToolEnvironment(tools=["calculator"], tool_options={"calculator": {"max_operations": 1}},
                             demonstration=DEMONSTRATION, **settings)
     episodes.setup(tokenizer, SYSTEM, 1024)
     return episodes
@@ -51,7 +51,7 @@ def _episodes(tokenizer: Any, **settings: Any) -> ToolEpisodes:
 
 def test_trls_prompts_are_token_for_token_those_our_episodes_start_from(tokenizer: Any) -> None:
     episodes = _episodes(tokenizer)
-    assert isinstance(episodes, ToolEpisodeRunner)
+    assert isinstance(episodes, EnvironmentWithTools)
     peer = tool_peer(episodes, tokenizer, SYSTEM)
     conversations = [peer.conversation(task) for task in TASKS]
     assert [m["role"] for m in conversations[0]] == ["system", "user", "assistant", "tool", "assistant", "user"]
@@ -111,7 +111,7 @@ def test_what_trls_tool_loop_cannot_mirror_is_named(tokenizer: Any) -> None:
     assert tool_peer_problems(_episodes(tokenizer)) == []
     hermes = _episodes(tokenizer, call_format=HermesCalls())
     assert tool_peer_problems(hermes) == ["call_format=HermesCalls: the peer reads <NAME>ARGUMENT</NAME> calls (TagCalls)"]
-    several = ToolEpisodes(tools=["calculator", f"{REPO}/tests/fixtures/tools/my_tools.py:lookup"])
+    several = ToolEnvironment(tools=["calculator", f"{REPO}/tests/fixtures/tools/my_tools.py:lookup"])
     several.setup(tokenizer, SYSTEM, 1024)
     with pytest.raises(ConfigError, match=r"calculator\(expression\), lookup\(.*one argument, of the same name"):
         tool_peer(several, tokenizer, SYSTEM)
@@ -119,7 +119,7 @@ def test_what_trls_tool_loop_cannot_mirror_is_named(tokenizer: Any) -> None:
 
 def test_a_trl_episode_reads_as_ours_for_a_reward_that_reads_turns() -> None:
     from grpo_pipe.benchmarks.trl_tools import episode_log
-    from grpo_pipe.episodes.call_formats import TagCalls
+    from grpo_pipe.environments.call_formats import TagCalls
 
     messages = [
         {"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "calculator",

@@ -4,7 +4,7 @@ that puts one episode of every group on the page people read."""
 from pathlib import Path
 
 from grpo_pipe.data.arithmetic import ArithmeticTasks
-from grpo_pipe.episodes.transcripts import write_episode_page
+from grpo_pipe.environments.transcripts import write_episode_page
 from grpo_pipe.evaluation.by_group import group_metrics, in_turn
 from grpo_pipe.evaluation.held_out import EvalPlan, evaluate_completions
 from grpo_pipe.types import Completion, EpisodeLog, RequestTelemetry, RewardOutput, Task

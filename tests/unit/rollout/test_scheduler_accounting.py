@@ -7,7 +7,7 @@ import json
 import pytest
 
 from grpo_pipe.rollout.ledger import GroupRecord, ledger_metrics
-from grpo_pipe.rollout.scheduler import DROPPED_AT_RESUME, RolloutScheduler, SchedulerSettings
+from grpo_pipe.rollout.scheduler import DROPPED_AT_RESUME, RolloutScheduler, RolloutSchedulerSettings
 from grpo_pipe.types import SamplingSettings, Task
 from tests.fakes import TASKS, FakeCurriculum, FakeEngine
 
@@ -106,5 +106,5 @@ def test_a_group_trained_twice_is_counted_as_a_repeat_and_the_ledger_no_longer_b
 
 @pytest.mark.parametrize("value", ["lose", ""])
 def test_in_flight_on_resume_names_what_it_allows(value: str) -> None:
-    assert SchedulerSettings(in_flight_on_resume=value).config_problems() == [  # type: ignore[arg-type]
+    assert RolloutSchedulerSettings(in_flight_on_resume=value).config_problems() == [  # type: ignore[arg-type]
         f"in_flight_on_resume={value!r}: allowed: 'keep', 'drop'"]
