@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    Scalar = float | torch.Tensor  # a statistic: a float, or a 0-dim tensor not yet read from its device
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Task:
     """One prompt source item: a question and the reference answer used to score it."""
 
@@ -20,7 +25,7 @@ class Task:
     messages: tuple[Mapping[str, str], ...] | None = field(default=None, hash=False)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RequestTelemetry:
     """Per-request numbers reported by the engine itself (never estimated by us)."""
 
@@ -40,7 +45,7 @@ class RequestTelemetry:
         return self.last_token_s - self.queued_s
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Completion:
     """One sampled answer to a prompt."""
 
@@ -69,7 +74,7 @@ class Completion:
         return self.version_switches[-1][1] if self.version_switches else self.policy_version
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Turn:
     """One turn of an episode as a person reads it: what the model wrote, or what a tool answered."""
 
@@ -79,7 +84,7 @@ class Turn:
     outcome: str = "ok"  # a tool turn: ok | error | timeout | truncated
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EpisodeLog:
     """What one multi-turn episode did: its turns, the tools' work and how it ended."""
 
@@ -121,7 +126,7 @@ class RolloutGroup:
     completions: tuple[Completion, ...]  # [G]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RewardOutput:
     """Per-completion rewards and the named terms they were built from (logged separately)."""
 
@@ -136,7 +141,7 @@ class RewardOutput:
         return self.values if self.task_values is None else self.task_values
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SyncStats:
     """What one weight synchronisation cost, broken down by phase."""
 
@@ -161,7 +166,7 @@ class SyncStats:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplingSettings:
     """How completions are sampled for training."""
 
@@ -190,25 +195,26 @@ def derive_seed(seed: int, index: int) -> int:
     return seed * 1_000_003 + index
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LossStats:
     """Detached statistics of one loss call: sums over its tokens (the trainer adds them over micro-batches
     and divides by the token counts) and maxima. A loss without clipping or importance weights leaves those
-    at their defaults."""
+    at their defaults. A loss may give 0-dim tensors (nothing is read from the device until the trainer reads a
+    whole pass's statistics at once, trainer/device_values.py) or floats."""
 
-    tokens: float  # tokens that got a loss
-    clipped_tokens: float = 0.0  # tokens whose surrogate the clip replaced (no gradient)
-    positive_tokens: float = 0.0  # tokens of completions with advantage > 0
-    clipped_positive: float = 0.0  # ... of which clipped (the ratio rose past 1 + clip_high)
-    negative_tokens: float = 0.0  # tokens of completions with advantage < 0
-    clipped_negative: float = 0.0  # ... of which clipped (the ratio fell below 1 - clip_low)
-    kl_sum: float = 0.0  # k3 KL to the frozen reference (kl_coef > 0)
-    ratio_max: float = 1.0  # the largest ratio the clip saw
-    is_weight_sum: float | None = None  # truncated importance weights; None = no weights (1 per token)
-    is_truncated: float = 0.0  # tokens whose importance weight the cap cut
+    tokens: Scalar  # tokens that got a loss
+    clipped_tokens: Scalar = 0.0  # tokens whose surrogate the clip replaced (no gradient)
+    positive_tokens: Scalar = 0.0  # tokens of completions with advantage > 0
+    clipped_positive: Scalar = 0.0  # ... of which clipped (the ratio rose past 1 + clip_high)
+    negative_tokens: Scalar = 0.0  # tokens of completions with advantage < 0
+    clipped_negative: Scalar = 0.0  # ... of which clipped (the ratio fell below 1 - clip_low)
+    kl_sum: Scalar = 0.0  # k3 KL to the frozen reference (kl_coef > 0)
+    ratio_max: Scalar = 1.0  # the largest ratio the clip saw
+    is_weight_sum: Scalar | None = None  # truncated importance weights; None = no weights (1 per token)
+    is_truncated: Scalar = 0.0  # tokens whose importance weight the cap cut
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TakenBatch:
     """The next batch to train on, and what it took to get it."""
 
@@ -221,7 +227,7 @@ class TakenBatch:
     queue_depth: int  # batches in flight when it was taken (itself included)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Ledger:
     """Where every submitted group went. `trained + dropped + in_flight == submitted`, always."""
 

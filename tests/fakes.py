@@ -27,7 +27,7 @@ from grpo_pipe.types import (
     Task,
 )
 
-TASKS = [Task(f"t/{i}", f"{i} + 1", str(i + 1)) for i in range(8)]
+TASKS = [Task(uid=f"t/{i}", question=f"{i} + 1", answer=str(i + 1)) for i in range(8)]
 TELEMETRY = RequestTelemetry(prompt_tokens=4, generated_tokens=3, cached_prompt_tokens=0)
 
 
@@ -41,13 +41,13 @@ def scored_groups(seed: int = 0, truncated: Collection[tuple[int, int]] = ()) ->
         prompt = tuple(torch.randint(10, 400, (4 + g,), generator=gen).tolist())
         completions = tuple(
             Completion(
-                tuple(torch.randint(10, 400, (2 + (i % 3),), generator=gen).tolist()),
-                tuple([-3.0] * (2 + (i % 3))),
-                "", "length" if (g, i) in truncated else "stop", 0, TELEMETRY,
+                token_ids=tuple(torch.randint(10, 400, (2 + (i % 3),), generator=gen).tolist()),
+                logprobs=tuple([-3.0] * (2 + (i % 3))),
+                text="", finish_reason="length" if (g, i) in truncated else "stop", policy_version=0, telemetry=TELEMETRY,
             )
             for i in range(4)
         )
-        groups.append(RolloutGroup(Task(str(g), "q", "1"), prompt, completions))
+        groups.append(RolloutGroup(Task(uid=str(g), question="q", answer="1"), prompt, completions))
     rewards = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 1.0, 0.0, 0.0, 0.0]  # group 2 carries no signal
     return groups, rewards
 
@@ -91,7 +91,9 @@ class FakeEngine:
         return out
 
     def _completion(self, text: str) -> Completion:
-        return Completion((1, 2), (-0.5, -0.5), text, "stop", self.served_version, RequestTelemetry(4, 2, 0))
+        return Completion(token_ids=(1, 2), logprobs=(-0.5, -0.5), text=text, finish_reason="stop",
+                          policy_version=self.served_version, telemetry=RequestTelemetry(prompt_tokens=4, generated_tokens=2,
+                                                                                         cached_prompt_tokens=0))
 
     def submit(self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings) -> GeneratedBatch:
         started = time.time()
@@ -139,7 +141,8 @@ class ExactReward:
 
     def __call__(self, groups: Sequence[RolloutGroup]) -> RewardOutput:
         correct = [c.text == g.task.answer for g in groups for c in g.completions]
-        return RewardOutput([float(ok) for ok in correct], {"correctness": [float(ok) for ok in correct]}, correct)
+        return RewardOutput(values=[float(ok) for ok in correct], terms={"correctness": [float(ok) for ok in correct]},
+                            correct=correct)
 
 
 class FakePolicy:
@@ -188,7 +191,7 @@ class RecordingBridge:
 
     def push(self, policy: Any, version: int) -> SyncStats:
         self.pushed.append(version)
-        return SyncStats(0.0, 0.0, 0.0, 0.0, 8, version)
+        return SyncStats(gather_s=0.0, transport_s=0.0, load_s=0.0, pause_s=0.0, bytes_moved=8, policy_version=version)
 
     def close(self) -> None: ...
 
@@ -322,4 +325,7 @@ class GatedEngine:
 
     def _answer(self, prompt: Sequence[int], budget: int) -> Completion:
         ids = tuple(reversed(prompt))[:budget]
-        return Completion(ids, (-0.5,) * len(ids), "", "stop", self.served_version, RequestTelemetry(len(prompt), len(ids), 0))
+        return Completion(token_ids=ids, logprobs=(-0.5,) * len(ids), text="", finish_reason="stop",
+                          policy_version=self.served_version,
+                          telemetry=RequestTelemetry(prompt_tokens=len(prompt), generated_tokens=len(ids),
+                                                     cached_prompt_tokens=0))

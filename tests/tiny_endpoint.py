@@ -21,7 +21,7 @@ def tiny_endpoint(model_path: Path) -> Iterator[EngineEndpoint]:
     engine = VllmEngine(dtype="float32", max_model_len=512, memory=MemorySettings(kv_cache_gib=0.25))
     engine.connect(model_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    served = ServedModel("tiny", tokenizer, max_model_len=engine.max_model_len, vocab_size=len(tokenizer))
+    served = ServedModel(name="tiny", tokenizer=tokenizer, max_model_len=engine.max_model_len, vocab_size=len(tokenizer))
     endpoint = EngineEndpoint(engine=engine, model=served)
     try:
         endpoint.start()

@@ -66,7 +66,7 @@ def calculator(expression: str) -> str:
     return _calculator(expression)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Attempt:
     number: int
     command: list[str]
@@ -97,7 +97,7 @@ class ChaosRun:
         resume = self.printed_resume()
         arguments = self.overrides if resume is None else [resume, f"hydra.run.dir={folder / 'run'}"]
         job = start_job(arguments, folder, halt_at=point, cwd=self.cwd)
-        attempt = Attempt(number, ["python", "-m", "grpo_pipe", *arguments], point, resumed_from=resume)
+        attempt = Attempt(number=number, command=["python", "-m", "grpo_pipe", *arguments], point=point, resumed_from=resume)
         self.attempts.append(attempt)
         processes = []
         try:

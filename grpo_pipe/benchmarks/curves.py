@@ -14,7 +14,7 @@ class Snapshot:
     path: Path
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Curve:
     """One tool's run: snapshots, then their grades; the training reward and seconds of each step."""
 

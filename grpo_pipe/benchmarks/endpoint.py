@@ -107,7 +107,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     engine = instantiate(cfg.rollout, _convert_="all")
     engine.connect(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    endpoint = EngineEndpoint(engine=engine, model=ServedModel("bench", tokenizer, engine.max_model_len, len(tokenizer),
+    endpoint = EngineEndpoint(engine=engine, model=ServedModel(name="bench", tokenizer=tokenizer,
+                                                               max_model_len=engine.max_model_len, vocab_size=len(tokenizer),
                                                   default_max_tokens=args.max_tokens))
     try:
         endpoint.start()

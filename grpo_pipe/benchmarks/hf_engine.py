@@ -128,7 +128,8 @@ class HFEngine:
     def _completion(self, prompt: tuple[int, ...], tokens: list[int], budget: int, stops: list[str]) -> Completion:
         kept, finish, text = cut_completion(tokens, budget, stops, self._eos_ids(), self._decode)
         telemetry = RequestTelemetry(prompt_tokens=len(prompt), generated_tokens=len(kept), cached_prompt_tokens=0)
-        return Completion(tuple(kept), (0.0,) * len(kept), text, finish, self.served_version, telemetry)
+        return Completion(token_ids=tuple(kept), logprobs=(0.0,) * len(kept), text=text, finish_reason=finish,
+                          policy_version=self.served_version, telemetry=telemetry)
 
     def _decode(self, tokens: Sequence[int]) -> str:
         return self._tokenizer.decode(list(tokens), skip_special_tokens=True)

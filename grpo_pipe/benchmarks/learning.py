@@ -73,7 +73,8 @@ def train_ours(parts: Components, cfg: DictConfig, budget_s: float, every_s: flo
     finally:
         recipe.cleanup()
     rewards = [m["train/reward/mean"] for m in step_metrics]
-    return Curve("grpo_pipe", snapshots, rewards, train_s, startup_s, step_metrics, list(recipe.recorder.table))
+    return Curve(tool="grpo_pipe", snapshots=snapshots, step_rewards=rewards, train_s=train_s, startup_s=startup_s,
+                 step_metrics=step_metrics, samples=list(recipe.recorder.table))
 
 
 def snapshot_writer(parts: Components, folder: Path) -> Callable[[float, int], Snapshot]:
@@ -123,7 +124,7 @@ def fraction_correct(scored: RewardOutput) -> float:
     return sum(scored.correct) / max(len(scored.correct), 1)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Grader:
     """One grader for every snapshot of both tools: the held-out tasks, their prompt ids, the job's reward, and the
     job's episodes with tools (None: one turn per task, greedy figures from `grade` as before environment)."""
@@ -189,11 +190,13 @@ def make_grader(parts: Components, environment: Environment, cfg: DictConfig, mo
 
     if not isinstance(environment, EnvironmentWithTools):
         tasks, prompts, _ = held_out(parts, model_path, size)
-        return Grader(tasks, prompts, parts.reward, int(cfg.run.eval_max_new_tokens), None, sampled_k, int(cfg.run.seed))
+        return Grader(tasks=tasks, prompts=prompts, reward=parts.reward, max_new_tokens=int(cfg.run.eval_max_new_tokens),
+                      environment=None, sampled_k=sampled_k, seed=int(cfg.run.seed))
     environment.setup(AutoTokenizer.from_pretrained(model_path), parts.data.system_prompt, int(cfg.rollout.max_model_len))
     tasks = list(parts.data.eval_tasks())[:size]
     prompts = [environment.render_prompt(t) for t in tasks]
-    return Grader(tasks, prompts, parts.reward, int(cfg.run.eval_max_new_tokens), environment, sampled_k, int(cfg.run.seed))
+    return Grader(tasks=tasks, prompts=prompts, reward=parts.reward, max_new_tokens=int(cfg.run.eval_max_new_tokens),
+                  environment=environment, sampled_k=sampled_k, seed=int(cfg.run.seed))
 
 
 def report(curves: Sequence[Curve], budget_s: float) -> dict[str, Any]:

@@ -65,7 +65,8 @@ def prompts_and_sampling(cfg: DictConfig, count: int, max_tokens: int) -> tuple[
         raise SystemExit(f"--prompts {count}: the data has only {len(tasks)} training tasks")
     prompts = [list(render_prompt(tokenizer, data.system_prompt, t)) for t in tasks]
     seed = settings.seed if settings.seeded_sampling else None
-    return path, prompts, SamplingSettings(settings.temperature, settings.top_p, max_tokens, seed)
+    return path, prompts, SamplingSettings(temperature=settings.temperature, top_p=settings.top_p, max_tokens=max_tokens,
+                                           seed=seed)
 
 
 def tokens_per_s(generate: Callable[[], int], repeats: int) -> dict[str, float]:

@@ -47,11 +47,12 @@ def batches(count: int, prompts: int, samples: int, prompt_tokens: int, completi
         for p in range(prompts):
             prompt = tuple(torch.randint(10, vocab, (prompt_tokens,), generator=gen).tolist())
             completions = tuple(
-                Completion(tuple(torch.randint(10, vocab, (completion_tokens,), generator=gen).tolist()),
-                           (sampled,) * completion_tokens, "", "stop", 0, telemetry)
+                Completion(token_ids=tuple(torch.randint(10, vocab, (completion_tokens,), generator=gen).tolist()),
+                           logprobs=(sampled,) * completion_tokens, text="", finish_reason="stop", policy_version=0,
+                           telemetry=telemetry)
                 for _ in range(samples)
             )
-            groups.append(RolloutGroup(Task(str(p), "q", "1"), prompt, completions))
+            groups.append(RolloutGroup(Task(uid=str(p), question="q", answer="1"), prompt, completions))
             rewards += [float(i % 2) for i in range(samples)]  # half right in every group: all carry signal
         out.append((groups, rewards))
     return out

@@ -42,7 +42,7 @@ FLAT_PER_HOUR = 0.01  # a figure whose slope stays within 1% of its level per ho
 PENDING_JOURNAL = "mlflow_pending.jsonl"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Trend:
     figure: str
     samples: int
@@ -63,7 +63,8 @@ def trend(figure: str, hours: Sequence[float], values: Sequence[float]) -> Trend
     n = len(values)
     level = statistics.fmean(values) if values else math.nan
     if n < 3 or len(set(hours)) < 2:
-        return Trend(figure, n, level, math.nan, math.nan, math.nan, "undecided")
+        return Trend(figure=figure, samples=n, level=level, slope_per_h=math.nan, low_per_h=math.nan, high_per_h=math.nan,
+                     verdict="undecided")
     mean_t = statistics.fmean(hours)
     sxx = sum((t - mean_t) ** 2 for t in hours)
     slope = sum((t - mean_t) * (v - level) for t, v in zip(hours, values)) / sxx
@@ -80,7 +81,7 @@ def trend(figure: str, hours: Sequence[float], values: Sequence[float]) -> Trend
         verdict = "shrinks"
     else:
         verdict = "undecided"
-    return Trend(figure, n, level, slope, low, high, verdict)
+    return Trend(figure=figure, samples=n, level=level, slope_per_h=slope, low_per_h=low, high_per_h=high, verdict=verdict)
 
 
 def _t95(df: int) -> float:

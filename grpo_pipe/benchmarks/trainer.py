@@ -65,8 +65,9 @@ def rl_batch(*, prompts: int, samples: int, prompt_tokens: tuple[int, int], comp
         for _ in range(samples):
             ids = tokens(length(completion_tokens))
             telemetry = RequestTelemetry(prompt_tokens=len(prompt), generated_tokens=len(ids), cached_prompt_tokens=0)
-            completions.append(Completion(ids, (sampled,) * len(ids), "", "stop", 0, telemetry))
-        groups.append(RolloutGroup(Task(str(p), "q", "1"), prompt, tuple(completions)))
+            completions.append(Completion(token_ids=ids, logprobs=(sampled,) * len(ids), text="", finish_reason="stop",
+                                          policy_version=0, telemetry=telemetry))
+        groups.append(RolloutGroup(Task(uid=str(p), question="q", answer="1"), prompt, tuple(completions)))
         rewards += [float(i % 2) for i in range(samples)]
     return groups, rewards
 

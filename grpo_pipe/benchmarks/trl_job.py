@@ -56,7 +56,8 @@ def train_peer(parts: Components, cfg: DictConfig, model_path: Path, budget_s: f
                     mark_every_s=every_s, out_dir=out / "trl",
                     reward_fn=job_reward(parts.reward, tasks, call_format, samples), tools=tools)
     snapshots = [Snapshot(s.train_s, s.step, s.path) for s in run.snapshots]
-    return Curve("trl", snapshots, list(run.step_rewards), run.train_s, run.startup_s, list(run.step_logs), samples)
+    return Curve(tool="trl", snapshots=snapshots, step_rewards=list(run.step_rewards), train_s=run.train_s,
+                 startup_s=run.startup_s, step_metrics=list(run.step_logs), samples=samples)
 
 
 def check_same_prompts(theirs: Sequence[Sequence[int]], ours: Sequence[Sequence[int]]) -> None:
@@ -95,7 +96,8 @@ def job_reward(reward: Reward, tasks: Sequence[Task], call_format: CallFormat | 
 
 def scored_completion(text: str, episode: EpisodeLog | None = None) -> Completion:
     """A completion as a reward reads it: its text and episode (graders and the peer have no engine telemetry)."""
-    return Completion((), (), text, "stop", 0, RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0),
+    return Completion(token_ids=(), logprobs=(), text=text, finish_reason="stop", policy_version=0,
+                      telemetry=RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0),
                       episode=episode)
 
 

@@ -58,7 +58,7 @@ _UNBOUNDED_STEPS = 1_000_000_000  # the wall-clock budget ends training, never t
 _DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PeerSettings:
     """TRL's hyper-parameters; the first block must be given the values of the run it is compared with."""
 
@@ -92,7 +92,7 @@ class Snapshot:
     path: Path  # an HF model folder: bf16 safetensors, config and tokenizer files
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PeerRun:
     snapshots: list[Snapshot]  # the first at 0 s (the starting weights), then one per mark, then the end
     step_rewards: list[float]  # mean training reward of each optimizer step, from TRL's logs

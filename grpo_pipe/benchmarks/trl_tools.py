@@ -111,7 +111,7 @@ _PYTHON_TYPES: dict[str, type] = {"string": str, "integer": int, "number": float
                                   "object": dict}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ToolPeer:
     """What TRL's tool loop is given: the tools, the chat template and the response template, and the prompts."""
 
@@ -246,12 +246,13 @@ def episode_log(messages: Sequence[Mapping[str, Any]], call_format: CallFormat) 
         text = content if isinstance(content, str) else ""
         if message.get("role") == "tool":
             text = text.removeprefix(head).removesuffix(tail) if text.startswith(head) and text.endswith(tail) else text
-            turns.append(Turn("tool", text, tool=message.get("name"), outcome="error" if text.startswith("error:") else "ok"))
+            turns.append(Turn(role="tool", text=text, tool=message.get("name"),
+                              outcome="error" if text.startswith("error:") else "ok"))
         elif message.get("role") == "assistant":  # TRL keeps a turn's calls apart from its text: show them as written
             calls = "".join(_written_call(call) for call in message.get("tool_calls") or [])
-            turns.append(Turn("assistant", calls + text if calls else text, tool=_called_name(message)))
+            turns.append(Turn(role="assistant", text=calls + text if calls else text, tool=_called_name(message)))
     tool_turns = [t for t in turns if t.role == "tool"]
-    return EpisodeLog(tuple(turns), model_turns=len(turns) - len(tool_turns), tool_calls=len(tool_turns),
+    return EpisodeLog(turns=tuple(turns), model_turns=len(turns) - len(tool_turns), tool_calls=len(tool_turns),
                       tool_errors=sum(t.outcome == "error" for t in tool_turns), answer=final_answer(messages))
 
 

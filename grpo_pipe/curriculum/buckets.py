@@ -22,7 +22,7 @@ MIN_VALLEY_PROMINENCE = 0.05
 Bandwidth = float | Literal["scott", "silverman"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Bucket:
     """Tasks whose EMA reward lies in [low, high) (the last bucket includes `high`)."""
 
@@ -35,7 +35,7 @@ class Bucket:
     rollouts: int  # samples per prompt for its tasks
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class BucketFit:
     """One fit: the buckets plus what a report needs to show how they were found."""
 

@@ -52,7 +52,7 @@ def bad_rows_problem(skipped: Sequence[str], usable: int, max_fraction: float) -
             f"skipped and counted with data.max_bad_fraction (now {max_fraction}, needed >= {len(skipped) / total:.3f})")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RowFormat:
     """Which columns of a row hold what."""
 
@@ -208,5 +208,6 @@ class RowTaskSource(SplitTaskSource):
 def row_format(prompt_key: str, answer_key: str, metadata_keys: list[str] | None, answer_after: str | None,
                max_prompt_chars: int) -> RowFormat:
     """The config's column settings as a RowFormat (metadata_keys: null = every other column)."""
-    return RowFormat(prompt_key, answer_key, None if metadata_keys is None else tuple(metadata_keys), answer_after,
-                     max_prompt_chars)
+    return RowFormat(prompt_key=prompt_key, answer_key=answer_key,
+                     metadata_keys=None if metadata_keys is None else tuple(metadata_keys), answer_after=answer_after,
+                     max_prompt_chars=max_prompt_chars)

@@ -149,7 +149,8 @@ class AtroposEnvironment:
         """Start the endpoint, the API server (unless attached) and the environments; register as the trainer."""
         if self._tokenizer is None:
             raise RuntimeError("environment used before setup()")
-        served = ServedModel(self.model_name, self._tokenizer, engine.max_model_len, len(self._tokenizer),
+        served = ServedModel(name=self.model_name, tokenizer=self._tokenizer, max_model_len=engine.max_model_len,
+                             vocab_size=len(self._tokenizer),
                              default_max_tokens=sampling.max_tokens)
         endpoint = EngineEndpoint(engine=engine, model=served)
         endpoint.start()

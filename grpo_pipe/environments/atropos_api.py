@@ -32,7 +32,7 @@ class NoBatch(TimeoutError):
     """No batch came within the timeout; the message says what the server and its environments were doing."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Registration:
     """What a trainer tells the API server (Atropos's `/register` body, in our words)."""
 

@@ -55,7 +55,7 @@ def read_scored_group(data: Mapping[str, Any], limits: Limits, served: ServedLog
     prompt = _shared_prompt(tokens, masks)
     completions = tuple(_completion(i, seq, mask, len(prompt), served, float(score), limits.temperature)
                         for i, (seq, mask, score) in enumerate(zip(tokens, masks, scores)))
-    task = Task(uid, question="", answer="", metadata={"env_id": data.get("env_id")})
+    task = Task(uid=uid, question="", answer="", metadata={"env_id": data.get("env_id")})
     return ScoredGroup(RolloutGroup(task, tuple(prompt), completions), tuple(float(s) for s in scores))
 
 

@@ -61,7 +61,7 @@ class CallFormat(Protocol):
     def result_message(self, result: str) -> dict[str, str]: ...
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Episode:
     """One episode while it runs: its tokens so far and what happened."""
 
@@ -269,7 +269,7 @@ class ToolEnvironment:
             log.warning("%s.reset() returned %r: the model does not see it (the prompt is the task's question, rendered "
                         "before the episode starts); put what it should read in the task", self.environment_class,
                         str(tools.reset_reply)[:80])
-        episode = _Episode(prompt, tools)
+        episode = _Episode(prompt=prompt, tools=tools)
         self._append_model_turn(episode, first)
         if tools is None:
             episode.tool_errors += 1
@@ -292,7 +292,7 @@ class ToolEnvironment:
         episode.last_finish = turn.finish_reason
         text = self._decode(turn.token_ids)
         parsed = self.call_format.parse(text, self.tools) if episode.tools is not None else ParsedTurn()
-        episode.turns.append(Turn("assistant", text, tool=parsed.name))
+        episode.turns.append(Turn(role="assistant", text=text, tool=parsed.name))
         episode.pending = parsed if parsed.acts else None
         if not parsed.acts:
             episode.answer = text
@@ -323,7 +323,7 @@ class ToolEnvironment:
         episode.tool_timeouts += result.outcome == "timeout"
         episode.tool_s += result.seconds
         name = episode.pending.name if episode.pending is not None else None
-        episode.turns.append(Turn("tool", result.text, tool=name, outcome=result.outcome))
+        episode.turns.append(Turn(role="tool", text=result.text, tool=name, outcome=result.outcome))
         model_ended = self._glue.ended_turn(tuple(episode.tokens))
         glue = self._glue.after_turn(self.call_format.result_message(result.text), model_ended)
         if len(episode.tokens) + len(glue) >= self.max_episode_tokens:  # no room left for the model's next turn

@@ -36,7 +36,7 @@ from grpo_pipe.types import (
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EvalPlan:
     """How to evaluate (from `run.*`)."""
 

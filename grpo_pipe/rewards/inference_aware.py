@@ -38,7 +38,7 @@ MIB = 2**20
 TERMS = ("latency_ms", "generated_tokens", "kv_memory_mb", "spec_accept_rate", "cache_reuse")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class KvShape:
     """What one token costs in the KV cache."""
 

@@ -91,7 +91,8 @@ class PythonFunctionReward:
     def try_on(self, tasks: Sequence[Task]) -> list[str]:
         """Problems found by calling the function on `tasks` with a placeholder completion (empty when fine)."""
         telemetry = RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0)
-        placeholder = Completion((0,), (0.0,), PLACEHOLDER, "stop", 0, telemetry)
+        placeholder = Completion(token_ids=(0,), logprobs=(0.0,), text=PLACEHOLDER, finish_reason="stop", policy_version=0,
+                                 telemetry=telemetry)
         groups = [RolloutGroup(task, (0,), (placeholder,)) for task in tasks]
         columns = sorted(reward_columns(groups, self.completions))
         missing = sorted(_named_parameters(self.function()) - set(columns))

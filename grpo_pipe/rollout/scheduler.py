@@ -54,7 +54,7 @@ class NoTaskFits(RuntimeError):
     """No task of a step could be rolled out: every prompt drawn was longer than the engine allows."""
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _InFlight:
     index: int  # 1-based submission order
     tasks: list[Task]
@@ -224,7 +224,7 @@ class RolloutScheduler:
                  index, len(prompts), sum(samples), self.sampling.max_tokens)
         with self.guard():
             pending = self.environment.submit(self.engine, tasks, prompts, samples, self._sampling_for(index))
-        self._queue.append(_InFlight(index, tasks, samples, prompts, pending))
+        self._queue.append(_InFlight(index=index, tasks=tasks, samples=samples, prompts=prompts, pending=pending))
         self.ledger.repeated += self.groups.submitted(index, len(tasks))
         self.ledger.submitted += len(tasks)
         self.ledger.in_flight += len(tasks)
@@ -258,8 +258,9 @@ class RolloutScheduler:
         ledger = snapshot["ledger"]
         in_flight = [(b["index"], [(tasks_by_uid[uid], int(n)) for uid, n in b["tasks"]]) for b in snapshot["in_flight"]]
         waiting = sum(len(batch) for _, batch in in_flight)
-        self.ledger = Ledger(int(ledger["submitted"]), int(ledger["trained"]), dict(ledger["dropped"]), 0,
-                             int(ledger.get("repeated", 0)))
+        self.ledger = Ledger(submitted=int(ledger["submitted"]), trained=int(ledger["trained"]), dropped=dict(ledger["dropped"]),
+                             in_flight=0,
+                             repeated=int(ledger.get("repeated", 0)))
         self.groups.load_state_dict(snapshot.get("groups", {}))  # a checkpoint older than the record: counts only
         self._submitted = int(snapshot["submitted_batches"])
         if self.in_flight_on_resume == "drop":
@@ -317,7 +318,8 @@ class RolloutScheduler:
             staleness.append(lag)
         self.ledger.trained += len(groups)
         self.ledger.repeated += self.groups.settled(entry.index, outcomes)
-        return TakenBatch(groups, staleness, dropped, generated, wait_s, gap, depth)
+        return TakenBatch(groups=groups, staleness=staleness, dropped=dropped, generated=generated, wait_s=wait_s,
+                          engine_gap_s=gap, queue_depth=depth)
 
 
 def covered_seconds(spans: Sequence[tuple[float, float]]) -> float:

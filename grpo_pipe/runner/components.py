@@ -46,7 +46,7 @@ VALIDATED_GROUPS = COMPONENT_GROUPS + ("policy", "loss", "optimizer")  # the las
 PLAIN_KEYS = ("resume", "resume_accept")  # top-level settings that are not components
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Components:
     """One built object per config group, typed by the Protocol the recipe uses it through."""
 

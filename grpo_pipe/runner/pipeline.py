@@ -29,7 +29,7 @@ __all__ = ["PLAIN_KEYS", "VALIDATED_GROUPS", "Components", "JobContext", "RunRes
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(kw_only=True)
 class JobContext:
     """Where this job writes, and whether it is one job of a sweep."""
 

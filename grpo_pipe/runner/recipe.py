@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 NORMAL_ENDS = ("early_stopping", "time_budget")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunResult:
     run_id: str | None
     rewards: list[float]  # mean reward per step
@@ -96,8 +96,9 @@ class GRPORecipe:
         p.environment.setup(tokenizer, p.data.system_prompt, self.engine.max_model_len)
         render = p.environment.render_prompt  # the task in the chat template, with the tools where there are any
         seed = settings.seed if settings.seeded_sampling else None
-        self.sampling = SamplingSettings(settings.temperature, settings.top_p, settings.max_new_tokens, seed,
-                                         dict(settings.sampling_extra))
+        self.sampling = SamplingSettings(temperature=settings.temperature, top_p=settings.top_p,
+                                         max_tokens=settings.max_new_tokens, seed=seed,
+                                         extra=dict(settings.sampling_extra))
         self.scheduler: RolloutSource
         if isinstance(p.environment, ProvidesRollouts):  # environment services sample and score on their own
             self.scheduler = p.environment.rollout_source(

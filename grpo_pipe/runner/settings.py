@@ -33,7 +33,7 @@ def objective_problem(objective: str) -> str | None:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunSettings:
     """Settings of the run itself (`run.*`).
 
@@ -114,5 +114,6 @@ class RunSettings:
         return float(value)
 
     def eval_plan(self) -> EvalPlan:
-        return EvalPlan(self.eval_max_new_tokens, self.eval_metric, self.eval_pass_k, self.temperature, self.seed,
-                        dict(self.sampling_extra))
+        return EvalPlan(max_tokens=self.eval_max_new_tokens, metric=self.eval_metric, pass_k=self.eval_pass_k,
+                        temperature=self.temperature, seed=self.seed,
+                        extra=dict(self.sampling_extra))

@@ -33,7 +33,7 @@ class EndpointClosed(RuntimeError):
     """The endpoint is shutting down: the request was not, and will not be, served."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class SamplingKey:
     """What requests must share to go to the engine in one call (everything but the token budget and the seed)."""
 
@@ -43,7 +43,7 @@ class SamplingKey:
     stop_token_ids: tuple[int, ...] = ()
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Request:
     """One prompt and how many samples of it; its future resolves to those samples."""
 

@@ -75,7 +75,7 @@ class TokensRequest(BaseModel):
     sampling_params: SamplingFields = Field(default_factory=lambda: SamplingFields.model_validate({}))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ServedModel:
     """What the routes need besides the engine: the model's name and tokenizer, and the engine's limits."""
 
@@ -222,8 +222,9 @@ def _max_tokens(model: ServedModel, body: SamplingFields) -> int:
 async def _generate(batcher: RequestBatcher, model: ServedModel, ids: tuple[int, ...], body: SamplingFields,
                     timeout_s: float) -> list[Completion]:
     stop = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    key = SamplingKey(body.temperature, body.top_p, tuple(stop), tuple(body.stop_token_ids or ()))
-    request = EngineRequest(ids, body.n, _max_tokens(model, body), key, body.seed)
+    key = SamplingKey(temperature=body.temperature, top_p=body.top_p, stop=tuple(stop),
+                      stop_token_ids=tuple(body.stop_token_ids or ()))
+    request = EngineRequest(prompt=ids, samples=body.n, max_tokens=_max_tokens(model, body), key=key, seed=body.seed)
     return await asyncio.wait_for(asyncio.wrap_future(batcher.submit(request)), timeout_s)
 
 

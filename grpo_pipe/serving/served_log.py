@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from grpo_pipe.types import Completion
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ServedCompletion:
     """The engine's record of one completion: its log-probs and the versions that sampled it."""
 
@@ -37,8 +37,9 @@ class ServedLog:
         self._lock = threading.Lock()
 
     def record(self, prompt: Sequence[int], completion: Completion, temperature: float | None = None) -> None:
-        entry = ServedCompletion(tuple(completion.logprobs), completion.policy_version, completion.version_switches,
-                                 temperature)
+        entry = ServedCompletion(logprobs=tuple(completion.logprobs), policy_version=completion.policy_version,
+                                 version_switches=completion.version_switches,
+                                 temperature=temperature)
         key = _digest(prompt, completion.token_ids)
         with self._lock:
             self._entries[key] = entry

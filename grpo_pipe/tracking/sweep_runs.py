@@ -18,7 +18,7 @@ SYNC_PHASES = ("gather_s", "transport_s", "load_s")  # they add up to a push's t
 REWARD_SUMMARY_KEYS = {"mean", "std"}  # train/reward/<these> are not terms of the reward
 
 
-@dataclass
+@dataclass(kw_only=True)
 class ChildResult:
     """One child run of the sweep, reduced to what the comparison shows."""
 

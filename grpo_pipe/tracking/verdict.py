@@ -40,7 +40,7 @@ class Point:
         return f"{self.label}: {self.mean:.4g}{spread} ({seeds})"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Verdict:
     objective: str
     direction: str
@@ -71,7 +71,7 @@ def verdict(children: Sequence[ChildResult], swept: Sequence[str]) -> Verdict | 
     points = sorted(points_of(children, swept), key=lambda p: -sign * p.mean)
     if not points:
         return None
-    return Verdict(objective, direction, tuple(points), _answer(points, objective))
+    return Verdict(objective=objective, direction=direction, points=tuple(points), text=_answer(points, objective))
 
 
 def _answer(points: Sequence[Point], objective: str) -> str:

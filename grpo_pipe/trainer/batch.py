@@ -11,7 +11,7 @@ import torch
 from grpo_pipe.types import RolloutGroup
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class TrainSample:
     """One completion ready for the loss: prompt + completion ids and what the engine reported."""
 
@@ -51,7 +51,7 @@ def flatten(groups: Sequence[RolloutGroup], advantages: Sequence[float]) -> list
     return samples
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class MicroBatch:
     """Every completion starts at the same column, so the model projects only the completion positions to the
     vocabulary. A shorter prompt is filled up to that column by repeating its last token, masked out as a key

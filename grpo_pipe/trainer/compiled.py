@@ -81,7 +81,8 @@ def warm_up(module: torch.nn.Module, pad_id: int, device: torch.device,
     if score is not None and device.type == "cuda":  # and a large row: the other side of the mix-order bound
         shapes.append((LARGE_ROW_TOKENS // 8 - 2,) * 8)
     for lengths in shapes:
-        samples = [TrainSample((pad_id,) * 2, (pad_id,) * n, (0.0,) * n, 0.0, 0) for n in lengths]
+        samples = [TrainSample(prompt_ids=(pad_id,) * 2, completion_ids=(pad_id,) * n, sampling_logprobs=(0.0,) * n,
+                               advantage=0.0, policy_version=0) for n in lengths]
         if score is not None:
             score(samples).float().mean().backward()
             continue

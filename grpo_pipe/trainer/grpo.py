@@ -13,9 +13,7 @@ import inspect
 import logging
 import math
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, cast
 
@@ -23,18 +21,28 @@ import torch
 
 from grpo_pipe.config.errors import failed
 from grpo_pipe.interfaces import ChecksItsConfig, PolicyLoss
-from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_entropy, completion_logprobs, flatten
+from grpo_pipe.trainer import token_budget
+from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_entropy, completion_logprobs
+from grpo_pipe.trainer.batch_plan import (
+    BatchPlan,
+    PassCache,
+    default_max_tokens,
+    default_micro_batch_size,
+    loss_metrics,
+    make_plan,
+)
 from grpo_pipe.trainer.compiled import COMPILED_WIDTH_MULTIPLE, compile_layers, compile_on, warm_up
+from grpo_pipe.trainer.diagnosis import non_finite_gradients, second_pass
 from grpo_pipe.trainer.lm_head import causal_lm_parts, head_logprobs, logits_logprobs
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.mismatch import MismatchSums, mismatch_sums
 from grpo_pipe.trainer.packed_attention import packing_problem, use_packed_attention
-from grpo_pipe.trainer.packing import PackedBatch, pack, sequence_tokens, token_budget_cuts
+from grpo_pipe.trainer.packing import PackedBatch, pack, sequence_tokens
 from grpo_pipe.trainer.precision import Precision
 from grpo_pipe.trainer.rng import restore_rng, rng_state
 from grpo_pipe.trainer.settings import BatchingSettings, OptimisationSettings, PrecisionSettings
 from grpo_pipe.trainer.throughput import ModelShape, peak_flops, throughput_metrics
-from grpo_pipe.types import LossStats, RolloutGroup
+from grpo_pipe.types import RolloutGroup
 
 log = logging.getLogger(__name__)
 
@@ -62,31 +70,6 @@ def takes_logits_to_keep(module: torch.nn.Module | None) -> bool:
     unwrap = getattr(module, "get_base_model", None)  # through a peft wrapper to the causal LM
     base = cast(torch.nn.Module, unwrap()) if callable(unwrap) else module
     return "logits_to_keep" in inspect.signature(base.forward).parameters
-
-
-def micro_batches(count: int, size: int) -> list[range]:
-    """`count` samples in the fewest micro-batches of at most `size`, as even as possible (65 at 64 = 32 + 33,
-    not 64 + 1): the last one is never a sliver that costs a whole pass of kernel launches, or a batch of one,
-    which a compiled graph would trace again."""
-    if count == 0:
-        return []
-    parts = -(-count // size)
-    bounds = [round(i * count / parts) for i in range(parts + 1)]
-    return [range(a, b) for a, b in zip(bounds, bounds[1:])]
-
-
-def default_max_tokens() -> int:
-    """Tokens per packed forward/backward when the config leaves it open: 16 k on a GPU (the size at which a plain
-    0.5B-1.5B training step reaches its best MFU on an H200, BENCHMARKS.md), 4 k on a CPU (about what 8 padded
-    sequences of the default job hold; more only costs memory there)."""
-    return 16384 if torch.cuda.is_available() else 4096
-
-
-def default_micro_batch_size() -> int:
-    """Sequences per forward/backward when the config leaves it open. On a GPU the update is bound by
-    kernel launches, not arithmetic: 16 halves its time against 8 on an H100 (0.5B); a CPU gains nothing
-    from larger micro-batches, only padding."""
-    return 16 if torch.cuda.is_available() else 8
 
 
 class GRPOTrainer:
@@ -170,6 +153,8 @@ class GRPOTrainer:
             self.width_multiple = COMPILED_WIDTH_MULTIPLE
         if self.loss.needs_reference:
             self.policy.keep_reference()
+        if self._sizes_passes_from_memory():  # after everything the trainer keeps on the card, before any update
+            self._set_max_tokens_from_memory()
         self.optimizer = self.optimisation.make_optimizer(self.policy.trainable_parameters())
         self.scheduler = self.optimisation.make_scheduler(self.optimizer, self.steps)
 
@@ -179,6 +164,30 @@ class GRPOTrainer:
         logprobs, entropy = self._policy_scores(batch, 1.0, entropy_grad=True, need_entropy=True)
         assert entropy is not None
         return logprobs + entropy
+
+    def _sizes_passes_from_memory(self) -> bool:
+        """`trainer.batching.max_tokens: null` on a GPU, packed, one device: the budget is measured (token_budget.py).
+        A sharded rank keeps the fixed default: every rank must cut a batch the same way."""
+        module = self.policy.module
+        return (self.batching.max_tokens is None and self.packed and self.device.type == "cuda"
+                and module is not None and not is_sharded(module))
+
+    def _set_max_tokens_from_memory(self) -> None:
+        module = self.policy.module
+        assert module is not None
+
+        def run_pass(tokens: int) -> None:
+            rows = 8  # sequences of equal length, as a packed micro-batch of short completions holds
+            length = tokens // rows - 2
+            samples = [TrainSample(prompt_ids=(self.pad_id,) * 2, completion_ids=(self.pad_id,) * length,
+                                   sampling_logprobs=(0.0,) * length, advantage=0.0, policy_version=0)] * rows
+            self._warm_up_score(samples).float().mean().backward()
+            module.zero_grad(set_to_none=True)
+
+        measured = token_budget.probe(run_pass, self.device)
+        self.max_tokens = token_budget.budget(
+            measured, token_budget.optimizer_state_bytes(self.policy.trainable_parameters()))
+        log.info("%s", token_budget.describe(measured, self.max_tokens))
 
     def _set_up_packing(self) -> None:
         """Packed micro-batches need the model's attention switched to the packed kind and its head apart from its
@@ -288,25 +297,8 @@ class GRPOTrainer:
 
     def plan(self, groups: Sequence[RolloutGroup], rewards: Sequence[float]) -> BatchPlan:
         """Advantages, which completions get a loss, which of those need a forward pass, the normaliser."""
-        reward_t = torch.tensor(rewards, dtype=torch.float32)  # [N]
-        group_ids = torch.repeat_interleave(
-            torch.arange(len(groups)), torch.tensor([len(g.completions) for g in groups])
-        )  # [N]
-        advantages = self.loss.advantages(reward_t, group_ids)  # [N]
-        samples = flatten(groups, advantages.tolist())
-        counted = [s for s in samples if not (self.loss.masks_truncated and s.truncated)]
-        # A zero advantage adds exactly nothing to the surrogate, so its forward/backward is skipped; it still counts
-        # in the normaliser. The KL term and the entropy bonus are not zero for it, and bnpo counts its tokens in its
-        # micro-batch's normaliser: then everything runs.
-        skip = self.batching.skip_zero_advantage and not self.loss.needs_every_sample
-        active = [s for s in counted if s.advantage != 0.0 or not skip]
-        # Similar lengths share a micro-batch, so padding stays small.
-        ordered = sorted(active, key=sequence_tokens)
-        cuts = (token_budget_cuts(ordered, self.max_tokens) if self.packed
-                else micro_batches(len(ordered), self.micro_batch_size))
-        # environment tokens are in no normaliser
-        normaliser = self.loss.normaliser([s.trained_tokens for s in counted], micro_batches=len(cuts))
-        return BatchPlan(ordered, normaliser, len(samples), len(samples) - len(counted), advantages, cuts=cuts)
+        return make_plan(groups, rewards, self.loss, skip_zero_advantage=self.batching.skip_zero_advantage,
+                         packed=self.packed, max_tokens=self.max_tokens, micro_batch_size=self.micro_batch_size)
 
     def _accumulate(self, plan: BatchPlan, temperature: float, cache: PassCache) -> dict[str, float]:
         """One pass over the plan's micro-batches. `cache` keeps, per micro-batch, what the first pass saw."""
@@ -314,7 +306,9 @@ class GRPOTrainer:
         assert module is not None and self.optimizer is not None, "trainer used before setup()"
         self.optimizer.zero_grad(set_to_none=True)
         first_pass = not cache.proximal
-        loss_sum, stats, mismatch = torch.zeros((), device=self.device), [], MismatchSums()
+        # Nothing is read from the device until the pass ends: a read per micro-batch would make the host wait for
+        # the card each time (trainer/device_values.py).
+        loss_sum, stats, mismatches = torch.zeros((), device=self.device), [], []
         bonus = self.loss.needs_entropy  # the entropy is then a term of the loss, with its gradient
         for index, part in enumerate(plan.cuts):
             samples = plan.active[part.start : part.stop]
@@ -327,17 +321,18 @@ class GRPOTrainer:
                 cache.proximal.append(new_logprobs.detach())
                 assert entropy is not None
                 seen = entropy.detach()
-                mismatch.add(mismatch_sums(new_logprobs, batch.sampling_logprobs, batch.completion_mask,
-                                           self.loss.trust_region, seen))
+                mismatches.append(mismatch_sums(new_logprobs, batch.sampling_logprobs, batch.completion_mask,
+                                                self.loss.trust_region, seen))
             loss, step_stats = self.loss(
                 new_logprobs, batch.sampling_logprobs, batch.advantages, batch.completion_mask,
                 plan.normaliser, ref_logprobs=cache.reference[index], proximal_logprobs=cache.proximal[index],
                 entropy=entropy if bonus else None,
             )
             loss.backward()
-            loss_sum += loss.detach()  # read once after the pass: a read per micro-batch would wait for the device
+            loss_sum += loss.detach()
             stats.append(step_stats)
-        return {"train/loss": float(loss_sum), **loss_metrics(stats), **(mismatch.metrics() if first_pass else {})}
+        mismatch = MismatchSums.total(mismatches).metrics() if first_pass else {}
+        return {"train/loss": float(loss_sum), **loss_metrics(stats), **mismatch}
 
     def _policy_scores(self, batch: MicroBatch | PackedBatch, temperature: float, entropy_grad: bool,
                        need_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -378,23 +373,8 @@ class GRPOTrainer:
             return completion_logprobs(logits, batch, temperature)  # [B, T]
 
     def _diagnose(self, plan: BatchPlan, temperature: float, cache: PassCache) -> str:
-        """The pass that gave a non-finite gradient, again on the same batch and weights under autograd's anomaly
-        mode: the backward function that first returned NaN and the forward line that made it; or that the second
-        pass was finite, i.e. a fault that does not repeat (concurrency, a kernel's nondeterminism), not the numbers.
-        Costs one slower pass, only on a bad step (`trainer.optimisation.diagnose_non_finite`)."""
-        with warnings.catch_warnings(record=True) as caught:  # anomaly mode warns with the forward call's stack
-            warnings.simplefilter("always")
-            try:
-                with torch.autograd.detect_anomaly(check_nan=True):
-                    self._accumulate(plan, temperature, cache)
-            except RuntimeError as err:
-                message = str(err).strip().splitlines()[0]
-                if "returned nan values" not in message:
-                    return f"; a second pass could not look into it: {message}"
-                return f"; a second pass under anomaly detection: {message}{forward_site(caught)}"
-        if non_finite_gradients(self.policy.module):
-            return "; a second pass gave non-finite gradients again, with no NaN from any backward function (infinite values)"
-        return "; a second pass over the same batch and weights gave finite gradients: the fault does not repeat"
+        """Why the last pass's gradient was not finite, from a second pass (trainer/diagnosis.py)."""
+        return second_pass(lambda: self._accumulate(plan, temperature, cache), self.policy.module)
 
     def _apply_update(self, explain: Callable[[], str] | None = None) -> tuple[bool, float]:
         """Clip and apply; a non-finite gradient skips the update instead of poisoning the weights.
@@ -430,83 +410,3 @@ def is_sharded(module: torch.nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(module, FSDPModule)
-
-
-def non_finite_gradients(module: torch.nn.Module | None, shown: int = 4) -> str:
-    """Where a non-finite gradient is: " in N of M gradients, first: name, ..." (empty without a module to name).
-    Found only once the norm is non-finite, so a healthy step pays nothing for it."""
-    if module is None:
-        return ""
-    grads = [(name, p.grad) for name, p in module.named_parameters() if p.grad is not None]
-    bad = [name for name, grad in grads if not bool(torch.isfinite(grad).all())]
-    if not bad:
-        return ""
-    return f" in {len(bad)} of {len(grads)} gradients, first: {', '.join(bad[:shown])}"
-
-
-def forward_site(caught: Sequence[warnings.WarningMessage]) -> str:
-    """" (forward: file line N, in function: code)": the innermost frame outside torch of the forward call that
-    anomaly mode blamed (a model's line, or ours), from the warning it raises with that call's stack; empty without."""
-    torch_dir = str(Path(torch.__file__).parent)
-    for record in caught:
-        text = str(record.message)
-        if "Traceback of forward call" not in text:
-            continue
-        lines = [line.strip() for line in text.splitlines()]
-        frames = [(line, lines[i + 1] if i + 1 < len(lines) else "") for i, line in enumerate(lines)
-                  if line.startswith('File "') and torch_dir not in line]
-        if not frames:
-            return ""
-        frame, code = frames[-1]
-        _, path, rest = frame.split('"', 2)
-        return f" (forward: {Path(path).name}{rest.rstrip()}: {code})"
-    return ""
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    """One batch as the loss sees it."""
-
-    active: list[TrainSample]  # completions run through the model, length-sorted
-    normaliser: float  # the whole batch's loss normaliser (see PolicyLoss.normaliser)
-    samples: int  # completions in the batch
-    masked: int  # completions given no loss (mask_truncated)
-    advantages: torch.Tensor  # [samples]
-    cuts: list[range]  # the micro-batches: index ranges of `active`, in order
-
-    def metrics(self) -> dict[str, float]:
-        return {
-            "train/active_samples": float(len(self.active)),
-            "train/samples": float(self.samples),
-            "train/masked_truncated": float(self.masked),
-            "train/advantage_abs_mean": float(self.advantages.abs().mean()),
-        }
-
-
-@dataclass
-class PassCache:
-    """What the first optimizer pass over a batch saw, per micro-batch, for the passes after it."""
-
-    reference: list[torch.Tensor | None] = field(default_factory=list)  # [B, T] frozen reference (KL), or None
-    proximal: list[torch.Tensor] = field(default_factory=list)  # [B, T] the policy before this batch's updates
-
-
-def loss_metrics(stats: Sequence[LossStats]) -> dict[str, float]:
-    """One pass's loss statistics over its micro-batches: shares of tokens, by the sign of the advantage."""
-
-    def share(part: float, whole: float) -> float:
-        return part / whole if whole else 0.0
-
-    total: dict[str, float] = {name: float(sum(getattr(s, name) for s in stats))
-                               for name in LossStats.__dataclass_fields__ if name != "is_weight_sum"}
-    total["is_weight_sum"] = float(sum(s.tokens if s.is_weight_sum is None else s.is_weight_sum for s in stats))
-    return {
-        "train/clip_fraction": share(total["clipped_tokens"], total["tokens"]),
-        "train/clip_fraction/positive": share(total["clipped_positive"], total["positive_tokens"]),
-        "train/clip_fraction/negative": share(total["clipped_negative"], total["negative_tokens"]),
-        "train/ratio_max": max((s.ratio_max for s in stats), default=1.0),
-        "train/tokens": total["tokens"],
-        "train/kl": share(total["kl_sum"], total["tokens"]),
-        "train/is_weight_mean": share(total["is_weight_sum"], total["tokens"]) if total["tokens"] else 1.0,
-        "train/is_truncated_fraction": share(total["is_truncated"], total["tokens"]),
-    }

@@ -32,6 +32,7 @@ How this departs from the GRPO paper (Shao et al., 2024):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
@@ -50,7 +51,7 @@ __all__ = ["ClippedSurrogate", "ClippedWeights", "GRPOLoss", "Objective", "Polic
 RatioReference = Literal["policy", "sampler"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Surrogate:
     """One micro-batch's per-token objective and what its statistics read. All [B, T]."""
 
@@ -88,7 +89,7 @@ def _clip(ratio: torch.Tensor, advantages: torch.Tensor, weight: torch.Tensor, l
     unclipped = ratio * adv  # [B, T]
     clipped = ratio.clamp(1.0 - low, 1.0 + high) * adv  # [B, T]
     per_token = -weight * torch.minimum(unclipped, clipped)  # [B, T] pessimistic bound, as PPO
-    return Surrogate(per_token, unclipped, clipped, ratio)
+    return Surrogate(per_token=per_token, unclipped=unclipped, clipped=clipped, ratio=ratio)
 
 
 @dataclass(kw_only=True)
@@ -167,7 +168,7 @@ class ClippedWeights:
         clipped = ratio.detach().clamp(max=self.max_weight) * adv  # [B, T] the weight is clipped and detached
         unclipped = ratio.detach() * adv  # [B, T] statistics only: where the cap lowered a positive weight
         per_token = -weight * clipped * new_logprobs  # [B, T] log pi carries the gradient
-        return Surrogate(per_token, unclipped, clipped, ratio)
+        return Surrogate(per_token=per_token, unclipped=unclipped, clipped=clipped, ratio=ratio)
 
 
 def _clip_problems(low: float, high: float) -> list[str]:
@@ -318,17 +319,19 @@ def _stats(term: Surrogate, weight: torch.Tensor, corrected: torch.Tensor, kl: t
         # The min took the clipped term and it differs: this token's gradient is zero.
         was_clipped = (term.clipped < term.unclipped) & on  # [B, T]
         positive, negative = (adv > 0) & on, (adv < 0) & on  # [B, T]
+        ratio = term.ratio.detach().masked_fill(~on, -math.inf).max()  # -inf when nothing is scored
+        # 0-dim tensors: the trainer reads a whole pass's statistics at once (trainer/device_values.py).
         return LossStats(
-            tokens=float(mask.sum()),
-            clipped_tokens=float(was_clipped.sum()),
-            positive_tokens=float(positive.sum()),
-            clipped_positive=float((was_clipped & positive).sum()),
-            negative_tokens=float(negative.sum()),
-            clipped_negative=float((was_clipped & negative).sum()),
-            kl_sum=float((kl * mask).sum()),
-            ratio_max=float(term.ratio.detach()[on].max()) if on.any() else 1.0,
-            is_weight_sum=float((weight * mask).sum()),
-            is_truncated=float((corrected & on).sum()),
+            tokens=mask.sum(),
+            clipped_tokens=was_clipped.sum(),
+            positive_tokens=positive.sum(),
+            clipped_positive=(was_clipped & positive).sum(),
+            negative_tokens=negative.sum(),
+            clipped_negative=(was_clipped & negative).sum(),
+            kl_sum=(kl * mask).sum(),
+            ratio_max=torch.where(on.any(), ratio, torch.ones_like(ratio)),
+            is_weight_sum=(weight * mask).sum(),
+            is_truncated=(corrected & on).sum(),
         )
 
 

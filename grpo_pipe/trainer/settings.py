@@ -80,7 +80,9 @@ class BatchingSettings:
     Args:
         packed: Sequences end to end, no padding, each attending to itself only; False = padded rows of
             `micro_batch_size` (models with sliding-window attention fall back to these).
-        max_tokens: Packed: prompt + completion tokens per forward/backward; None = 16384 on a GPU, 4096 on a CPU.
+        max_tokens: Packed: prompt + completion tokens per forward/backward. None: on one GPU, the largest power of
+            two that fits the card's free memory, measured in set-up (trainer/token_budget.py); 16384 on each rank of
+            a sharded trainer; 4096 on a CPU.
         micro_batch_size: Padded: sequences per forward/backward; None = 16 on a GPU, 8 on a CPU.
         skip_zero_advantage: Completions with zero advantage add no gradient: skip their forward/backward (False:
             benchmarks at full cost).

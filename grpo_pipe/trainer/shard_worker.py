@@ -38,7 +38,8 @@ import torch
 import torch.distributed as dist
 
 from grpo_pipe.trainer.batch import TrainSample
-from grpo_pipe.trainer.grpo import BatchPlan, GRPOTrainer, PassCache
+from grpo_pipe.trainer.batch_plan import BatchPlan, PassCache
+from grpo_pipe.trainer.grpo import GRPOTrainer
 from grpo_pipe.trainer.memory import memory_metrics
 from grpo_pipe.trainer.policy import hf_weights
 from grpo_pipe.transport.collective import TRAINER_RANK, Bucket, Group, join_as_sender, pack

@@ -48,7 +48,7 @@ _KILLED_BY_CPU_LIMIT = (-signal.SIGXCPU, -signal.SIGKILL)  # soft == hard limit:
 _BOOTSTRAP = (Path(__file__).parent / "_sandbox_child.py").read_text(encoding="utf-8")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Finished:
     """What came back from one run of the child."""
 
@@ -129,7 +129,7 @@ class PythonSandbox:
             # Every writer is gone now, so this read cannot block.
             isolated = os.read(status_read, 1) == b"1"
             os.close(status_read)
-        return _Finished(output, returncode or 0, timed_out or returncode is None, isolated)
+        return _Finished(output=output, returncode=returncode or 0, timed_out=timed_out or returncode is None, isolated=isolated)
 
     def _start(self, workdir: str, status_fd: int) -> subprocess.Popen[bytes]:
         """The child: the bootstrap with its settings, in a new session so that one killpg ends all of it."""

@@ -28,12 +28,12 @@ def _batch(step: int, vocab: int, rng: random.Random, gen: torch.Generator) -> t
     for g in range(GROUPS):
         prompt = tuple(torch.randint(10, 2000, (rng.randint(60, 200),), generator=gen).tolist())
         completions = tuple(
-            Completion(tuple(torch.randint(10, vocab, (COMPLETION_TOKENS,), generator=gen).tolist()),
-                       tuple((-11.93 + 0.05 * torch.randn(COMPLETION_TOKENS, generator=gen)).tolist()),
-                       "", "length", 0, TELEMETRY)
+            Completion(token_ids=tuple(torch.randint(10, vocab, (COMPLETION_TOKENS,), generator=gen).tolist()),
+                       logprobs=tuple((-11.93 + 0.05 * torch.randn(COMPLETION_TOKENS, generator=gen)).tolist()),
+                       text="", finish_reason="length", policy_version=0, telemetry=TELEMETRY)
             for _ in range(SAMPLES)
         )
-        groups.append(RolloutGroup(Task(str(g), "q", "1"), prompt, completions))
+        groups.append(RolloutGroup(Task(uid=str(g), question="q", answer="1"), prompt, completions))
         rewards += [1.0 if (step == 1 and g == 0 and i == 0) else 0.0 for i in range(SAMPLES)]
     return groups, rewards
 

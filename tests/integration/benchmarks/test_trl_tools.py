@@ -27,7 +27,7 @@ DEMONSTRATION = [
     {"role": "tool", "content": "<tool_response>75</tool_response>"},
     {"role": "assistant", "content": "#### 75"},
 ]
-TASKS = [Task(f"t/{i}", f"Calculate {i} * 12.", str(i * 12)) for i in range(8)]
+TASKS = [Task(uid=f"t/{i}", question=f"Calculate {i} * 12.", answer=str(i * 12)) for i in range(8)]
 
 
 def _peer(model_path: Path) -> tuple[ToolEnvironment, ToolPeer]:

@@ -43,7 +43,10 @@ def _served(firsts: list[int]) -> ServedLog:
     log = ServedLog()
     for first in firsts:
         for ids in ((first, first + 1), (first + 2,)):
-            log.record((1, 2, 3), Completion(ids, (-0.25,) * len(ids), "", "stop", 1, RequestTelemetry(3, len(ids), 0)))
+            log.record((1, 2, 3), Completion(token_ids=ids, logprobs=(-0.25,) * len(ids), text="", finish_reason="stop",
+                                             policy_version=1,
+                                             telemetry=RequestTelemetry(prompt_tokens=3, generated_tokens=len(ids),
+                                                                        cached_prompt_tokens=0)))
     return log
 
 

@@ -24,7 +24,8 @@ from tests.engine_scoring import engine_logprobs
 from tests.fixtures.call_formats import EveryTurnCalls
 from tests.other_weights import other_weights
 
-TASKS = [Task("t0", "what is 2 plus 3", "5"), Task("t1", "compute the total of 4 and 1", "5")]
+TASKS = [Task(uid="t0", question="what is 2 plus 3", answer="5"), Task(uid="t1", question="compute the total of 4 and 1",
+                                                                       answer="5")]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,8 @@ from grpo_pipe.evaluation.held_out import EvalPlan, evaluate, metric_problem
 from grpo_pipe.rewards.python_fn import PythonFunctionReward
 from grpo_pipe.types import Completion, RequestTelemetry, SamplingSettings, Task
 
-TASKS = [Task("a", "qa", "yes"), Task("b", "qb", "yes"), Task("c", "qc", "yes")]
+TASKS = [Task(uid="a", question="qa", answer="yes"), Task(uid="b", question="qb", answer="yes"), Task(uid="c", question="qc",
+                                                                                                      answer="yes")]
 # Greedy answers per task, then the k=4 sampled answers per task.
 GREEDY = {1: "yes", 2: "no", 3: "no"}
 SAMPLED = {1: ["no", "yes", "no", "no"], 2: ["no", "no", "no", "no"], 3: ["yes", "yes", "no", "yes"]}
@@ -21,7 +22,8 @@ class ScriptedEngine:
 
     def generate(self, prompts: Sequence[Sequence[int]], samples: Sequence[int], sampling: SamplingSettings):
         def done(text: str) -> Completion:
-            return Completion((1, 2, 3), (-0.1,) * 3, text, "stop", 0, RequestTelemetry(1, 3, 0))
+            return Completion(token_ids=(1, 2, 3), logprobs=(-0.1,) * 3, text=text, finish_reason="stop", policy_version=0,
+                              telemetry=RequestTelemetry(prompt_tokens=1, generated_tokens=3, cached_prompt_tokens=0))
 
         if sampling.temperature == 0.0:
             return [[done(GREEDY[p[0]])] for p in prompts]

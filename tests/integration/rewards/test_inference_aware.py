@@ -58,9 +58,10 @@ def _reward(**weights: float) -> InferenceAwareReward:
 
 
 def _group(answer: str, texts_and_telemetry: list[tuple[str, RequestTelemetry]]) -> RolloutGroup:
-    completions = tuple(Completion((1,) * t.generated_tokens, (), text, "stop", 0, t)
+    completions = tuple(Completion(token_ids=(1,) * t.generated_tokens, logprobs=(), text=text, finish_reason="stop",
+                                   policy_version=0, telemetry=t)
                         for text, t in texts_and_telemetry)
-    return RolloutGroup(Task("t", "q", answer), tuple(range(100)), completions)
+    return RolloutGroup(Task(uid="t", question="q", answer=answer), tuple(range(100)), completions)
 
 
 def test_kv_shape_comes_from_the_model_config(tmp_path) -> None:
@@ -76,8 +77,10 @@ def test_kv_shape_comes_from_the_model_config(tmp_path) -> None:
 def test_each_term_and_the_total_by_hand(tmp_path) -> None:
     reward = _reward()  # α=0.001, β=0.001, γ=0.01, δ=1.0, ε=0.5
     reward.setup(TinyRandomModel().materialize(), torch.float32)
-    full = RequestTelemetry(100, 20, 50, queued_s=1.0, first_token_s=1.1, last_token_s=1.25, spec_acceptance_rate=0.5)
-    bare = RequestTelemetry(100, 20, 0)  # no timestamps, no speculation: those terms are 0
+    full = RequestTelemetry(prompt_tokens=100, generated_tokens=20, cached_prompt_tokens=50, queued_s=1.0, first_token_s=1.1,
+                            last_token_s=1.25, spec_acceptance_rate=0.5)
+    bare = RequestTelemetry(prompt_tokens=100, generated_tokens=20,
+                            cached_prompt_tokens=0)  # no timestamps, no speculation: those terms are 0
     out = reward([_group("4", [("#### 4", full), ("#### 5", bare)])])
     kv_mb = 120 * TINY_KV_BYTES / 2**20
     assert out.terms["latency_ms"] == pytest.approx([250.0, 0.0])
@@ -94,7 +97,7 @@ def test_each_term_and_the_total_by_hand(tmp_path) -> None:
 def test_configured_speculation_that_reports_nothing_warns_once(caplog) -> None:
     reward = InferenceAwareReward(task_score=CorrectnessReward(), speculative_config=NGRAM)
     reward.setup(TinyRandomModel().materialize(), torch.float32)
-    group = _group("1", [("1", RequestTelemetry(100, 3, 0))])
+    group = _group("1", [("1", RequestTelemetry(prompt_tokens=100, generated_tokens=3, cached_prompt_tokens=0))])
     with caplog.at_level(logging.WARNING, logger="grpo_pipe.rewards.inference_aware"):
         reward([group])
         reward([group])
@@ -103,7 +106,7 @@ def test_configured_speculation_that_reports_nothing_warns_once(caplog) -> None:
 
 def test_used_before_setup_says_so() -> None:
     with pytest.raises(RuntimeError, match="before setup"):
-        _reward()([_group("1", [("1", RequestTelemetry(100, 3, 0))])])
+        _reward()([_group("1", [("1", RequestTelemetry(prompt_tokens=100, generated_tokens=3, cached_prompt_tokens=0))])])
 
 
 def test_every_term_from_a_real_ngram_run(ngram_engine: VllmEngine) -> None:
@@ -114,7 +117,7 @@ def test_every_term_from_a_real_ngram_run(ngram_engine: VllmEngine) -> None:
     prompt = tuple(tokenizer(" ".join(f"{a} + {b} = {a + b}." for a in range(12) for b in range(3)))["input_ids"])
     assert len(prompt) > 256
     sampling = SamplingSettings(temperature=1.0, top_p=1.0, max_tokens=24)
-    task = Task("t/0", "q", "7")
+    task = Task(uid="t/0", question="q", answer="7")
     groups = [RolloutGroup(task, prompt, tuple(c)) for c in ngram_engine.generate([prompt, prompt], [3, 3], sampling)]
     groups += [RolloutGroup(task, prompt, tuple(ngram_engine.generate([prompt], [2], sampling)[0]))]  # repeated
     reward = InferenceAwareReward(task_score=CorrectnessReward(), speculative_config=NGRAM)

@@ -45,12 +45,13 @@ def misspelt(completions, answr):
 
 
 def _completion(text: str) -> Completion:
-    return Completion((1, 2), (-0.1, -0.2), text, "stop", 0, RequestTelemetry(3, 2, 0))
+    return Completion(token_ids=(1, 2), logprobs=(-0.1, -0.2), text=text, finish_reason="stop", policy_version=0,
+                      telemetry=RequestTelemetry(prompt_tokens=3, generated_tokens=2, cached_prompt_tokens=0))
 
 
 def _groups() -> list[RolloutGroup]:
-    first = Task("a", "q1", "7", metadata={"level": 1})
-    second = Task("b", "q2", "8", metadata={"level": 2}, messages=({"role": "user", "content": "q2"},))
+    first = Task(uid="a", question="q1", answer="7", metadata={"level": 1})
+    second = Task(uid="b", question="q2", answer="8", metadata={"level": 2}, messages=({"role": "user", "content": "q2"},))
     return [
         RolloutGroup(first, (1,), (_completion("7"), _completion("6"))),
         RolloutGroup(second, (1,), (_completion("8"), _completion("skip"))),
@@ -86,9 +87,13 @@ def test_an_episodes_completion_is_its_turns_in_order() -> None:
     from grpo_pipe.rewards.python_fn import completion_messages
     from grpo_pipe.types import EpisodeLog, Turn
 
-    turns = (Turn("assistant", "<calculator>3 * 25</calculator>", tool="calculator"), Turn("tool", "75", tool="calculator"),
-             Turn("assistant", "#### 75"))
-    episode = Completion((1,), (0.0,), "#### 75", "stop", 0, RequestTelemetry(1, 1, 0), episode=EpisodeLog(turns, 2, 1))
+    turns = (Turn(role="assistant", text="<calculator>3 * 25</calculator>", tool="calculator"), Turn(role="tool", text="75",
+                                                                                                     tool="calculator"),
+             Turn(role="assistant", text="#### 75"))
+    episode = Completion(token_ids=(1,), logprobs=(0.0,), text="#### 75", finish_reason="stop", policy_version=0,
+                         telemetry=RequestTelemetry(prompt_tokens=1, generated_tokens=1,
+                                                    cached_prompt_tokens=0), episode=EpisodeLog(turns=turns, model_turns=2,
+                                                                                                tool_calls=1))
     assert completion_messages(episode) == [
         {"role": "assistant", "content": "<calculator>3 * 25</calculator>"},
         {"role": "tool", "content": "75", "name": "calculator"},

@@ -10,7 +10,9 @@ from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup
 
 
 def _group(task, texts):
-    completions = tuple(Completion((1,), (-0.1,), t, "stop", 0, RequestTelemetry(2, 1, 0)) for t in texts)
+    completions = tuple(Completion(token_ids=(1,), logprobs=(-0.1,), text=t, finish_reason="stop", policy_version=0,
+                                   telemetry=RequestTelemetry(prompt_tokens=2, generated_tokens=1,
+                                                              cached_prompt_tokens=0)) for t in texts)
     return RolloutGroup(task, (1, 2), completions)
 
 

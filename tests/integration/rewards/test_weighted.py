@@ -14,8 +14,10 @@ def brevity(completions, **_):
 
 def _groups() -> list[RolloutGroup]:
     texts = ["#### 4", "the answer is 5", "four"]
-    completions = tuple(Completion((1,), (-0.1,), t, "stop", 0, RequestTelemetry(2, 1, 0)) for t in texts)
-    return [RolloutGroup(Task("t", "2+2?", "4"), (1, 2), completions)]
+    completions = tuple(Completion(token_ids=(1,), logprobs=(-0.1,), text=t, finish_reason="stop", policy_version=0,
+                                   telemetry=RequestTelemetry(prompt_tokens=2, generated_tokens=1,
+                                                              cached_prompt_tokens=0)) for t in texts)
+    return [RolloutGroup(Task(uid="t", question="2+2?", answer="4"), (1, 2), completions)]
 
 
 def test_weighted_sum_raw_and_weighted_terms() -> None:

@@ -58,12 +58,12 @@ class _EchoEngine:
 
     def submit(self, prompts, samples, sampling) -> GeneratedBatch:
         telemetry = RequestTelemetry(prompt_tokens=1, generated_tokens=1, cached_prompt_tokens=0)
-        done = Completion((7,), (-0.5,), "7", "stop", 0, telemetry)
+        done = Completion(token_ids=(7,), logprobs=(-0.5,), text="7", finish_reason="stop", policy_version=0, telemetry=telemetry)
         return GeneratedBatch([[done] * n for n in samples], 0.0, 0.0)
 
 
 def _scheduler(question_lengths: list[int], limit: int) -> RolloutScheduler:
-    tasks = [Task(f"t{i}", "x" * n, "1") for i, n in enumerate(question_lengths)]
+    tasks = [Task(uid=f"t{i}", question="x" * n, answer="1") for i, n in enumerate(question_lengths)]
     draws = iter(range(10_000))
 
     def next_batch() -> list[tuple[Task, int]]:

@@ -21,7 +21,8 @@ def _samples() -> list[TrainSample]:
         return tuple(torch.randint(10, 400, (n,), generator=gen).tolist())
 
     shapes = [(3, 5), (7, 2), (5, 6), (1, 1)]
-    return [TrainSample(ids(p), ids(c), tuple([-1.0] * c), 1.0, 0) for p, c in shapes]
+    return [TrainSample(prompt_ids=ids(p), completion_ids=ids(c), sampling_logprobs=tuple([-1.0] * c), advantage=1.0,
+                        policy_version=0) for p, c in shapes]
 
 
 def _alone(model: torch.nn.Module, sample: TrainSample) -> torch.Tensor:

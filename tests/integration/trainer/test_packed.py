@@ -10,7 +10,8 @@ import torch
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.trainer import lm_head
 from grpo_pipe.trainer.batch import TrainSample, collate, completion_entropy, completion_logprobs
-from grpo_pipe.trainer.grpo import GRPOTrainer, PassCache
+from grpo_pipe.trainer.batch_plan import PassCache
+from grpo_pipe.trainer.grpo import GRPOTrainer
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.packed_attention import ATTENTION_NAME, packing_problem
 from grpo_pipe.trainer.packing import pack
@@ -40,7 +41,8 @@ def _samples() -> list[TrainSample]:
         return tuple(torch.randint(10, 400, (n,), generator=gen).tolist())
 
     shapes = [(3, 5, None), (7, 2, None), (5, 6, (True, True, False, False, True, True)), (1, 1, None)]
-    return [TrainSample(ids(p), ids(c), (-1.0,) * c, 1.0, 0, loss_mask=m) for p, c, m in shapes]
+    return [TrainSample(prompt_ids=ids(p), completion_ids=ids(c), sampling_logprobs=(-1.0,) * c, advantage=1.0, policy_version=0,
+                        loss_mask=m) for p, c, m in shapes]
 
 
 @pytest.mark.parametrize("policy", ["full", "lora"])
@@ -89,7 +91,7 @@ def test_an_episode_trains_the_same_packed_and_its_environment_tokens_get_no_gra
     episodes = tuple(Completion(token_ids=tuple(range(20 + i, 26 + i)), logprobs=(-1.0, -2.0, 0.0, 0.0, 0.0, -0.5),
                                 text="", finish_reason="stop", policy_version=0, telemetry=telemetry,
                                 sampled_by_model=mask) for i in range(4))
-    groups = [RolloutGroup(Task("t", "q", "1"), (1, 2, 3), episodes)]
+    groups = [RolloutGroup(Task(uid="t", question="q", answer="1"), (1, 2, 3), episodes)]
     rewards = [1.0, 0.0, 0.0, 1.0]
     packed, padded = _trainer(True), _trainer(False)
     got = packed._accumulate(packed.plan(groups, rewards), 1.0, PassCache())

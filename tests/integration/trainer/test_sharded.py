@@ -14,7 +14,8 @@ import torch
 
 from grpo_pipe.checkpoint.store import CheckpointManager
 from grpo_pipe.models.tiny_random import TinyRandomModel
-from grpo_pipe.trainer.grpo import GRPOTrainer, PassCache
+from grpo_pipe.trainer.batch_plan import PassCache
+from grpo_pipe.trainer.grpo import GRPOTrainer
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy
 from grpo_pipe.trainer.settings import BatchingSettings, OptimisationSettings

@@ -20,7 +20,7 @@ from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.types import Completion, RewardOutput, RolloutGroup, SamplingSettings, Task
 from tests.fixtures.call_formats import EveryTurnCalls
 
-TASKS = [Task(f"t/{i}", f"what is {i} + 4", str(i + 4)) for i in range(3)]
+TASKS = [Task(uid=f"t/{i}", question=f"what is {i} + 4", answer=str(i + 4)) for i in range(3)]
 
 
 class CalledTheTool:
@@ -37,7 +37,7 @@ class CalledTheTool:
         self.seen += completions
         solved = [c.episode is not None and any(t.role == "tool" and t.text == "5" for t in c.episode.turns)
                   for c in completions]
-        return RewardOutput([float(s) for s in solved], correct=solved)
+        return RewardOutput(values=[float(s) for s in solved], correct=solved)
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,8 @@ def model_path() -> Path:
 def _episode_grader(model_path: Path, reward: Any, sampled_k: int = 2) -> Grader:
     episodes = ToolEnvironment(tools=["calculator"], call_format=EveryTurnCalls(), max_turns=2, max_episode_tokens=120)
     episodes.setup(AutoTokenizer.from_pretrained(model_path), "Use the calculator.", 512)
-    return Grader(TASKS, [episodes.render_prompt(t) for t in TASKS], reward, 8, episodes, sampled_k, seed=0)
+    return Grader(tasks=TASKS, prompts=[episodes.render_prompt(t) for t in TASKS], reward=reward, max_new_tokens=8,
+                  environment=episodes, sampled_k=sampled_k, seed=0)
 
 
 def test_a_tool_job_is_graded_on_its_episodes_greedy_and_sampled(model_path: Path) -> None:
@@ -64,11 +65,12 @@ def test_a_tool_job_is_graded_on_its_episodes_greedy_and_sampled(model_path: Pat
 
 def test_every_snapshot_is_graded_greedy_and_the_first_and_last_sampled(model_path: Path) -> None:
     reward = CalledTheTool()
-    curve = Curve("grpo_pipe", [Snapshot(60.0 * i, i, model_path) for i in range(3)], [0.5, 0.5], 120.0, 1.0)
+    curve = Curve(tool="grpo_pipe", snapshots=[Snapshot(60.0 * i, i, model_path) for i in range(3)], step_rewards=[0.5, 0.5],
+                  train_s=120.0, startup_s=1.0)
     grade_curve(curve, _episode_grader(model_path, reward))
     assert curve.accuracy == [1.0, 1.0, 1.0] and curve.sampled == {0: 1.0, 2: 1.0}
     assert len(reward.seen) == 3 * len(TASKS) + 2 * 2 * len(TASKS)
-    curve = Curve("trl", curve.snapshots, [], 0.0, 0.0)
+    curve = Curve(tool="trl", snapshots=curve.snapshots, step_rewards=[], train_s=0.0, startup_s=0.0)
     grade_curve(curve, _episode_grader(model_path, reward, sampled_k=0))
     assert curve.sampled == {}
 
@@ -85,14 +87,14 @@ class ParityOfLength:
     def __call__(self, groups: Sequence[RolloutGroup]) -> RewardOutput:
         texts = [c.text for g in groups for c in g.completions]
         self.texts += texts
-        return RewardOutput([0.0] * len(texts), correct=[len(t) % 2 == 0 for t in texts])
+        return RewardOutput(values=[0.0] * len(texts), correct=[len(t) % 2 == 0 for t in texts])
 
 
 def test_a_one_turn_job_keeps_its_grader_and_samples_on_an_engine_that_decodes_as_it_does(model_path: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     prompts = [render_prompt(tokenizer, "Answer.", t) for t in TASKS]
     reward = ParityOfLength()
-    grader = Grader(TASKS, prompts, reward, 8, None, 3, seed=0)
+    grader = Grader(tasks=TASKS, prompts=prompts, reward=reward, max_new_tokens=8, environment=None, sampled_k=3, seed=0)
     grader.greedy(model_path)  # `grade`, as before episodes
     engine = HFEngine(batch_size=2)
     engine.connect(model_path)

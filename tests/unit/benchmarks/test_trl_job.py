@@ -11,7 +11,7 @@ from grpo_pipe.benchmarks.trl_job import job_reward
 from grpo_pipe.environments.call_formats import TagCalls
 from grpo_pipe.types import Task
 
-TASK = Task("arithmetic/0", "Calculate 14 + 3 * 25.", "89", metadata={"steps": [75, 89]})
+TASK = Task(uid="arithmetic/0", question="Calculate 14 + 3 * 25.", answer="89", metadata={"steps": [75, 89]})
 
 
 def _call(expression: str, result: str) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ DEMONSTRATION = [
     {"role": "tool", "content": "<tool_response>75</tool_response>"},
     {"role": "assistant", "content": "#### 89"},
 ]
-TASKS = [Task(f"t/{i}", f"Calculate {i} * 12 + 7.", str(i * 12 + 7)) for i in range(5)]
+TASKS = [Task(uid=f"t/{i}", question=f"Calculate {i} * 12 + 7.", answer=str(i * 12 + 7)) for i in range(5)]
 # SmolLM2-135M-Instruct's own chat template: ChatML that adds a system message where a conversation has none.
 SMOLLM2_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou "

@@ -20,7 +20,7 @@ def _trimodal(per_mode: int = 300, spread: float = 0.05) -> np.ndarray:
 
 
 def _tasks(count: int) -> list[Task]:
-    return [Task(f"t/{i}", f"q{i}", str(i)) for i in range(count)]
+    return [Task(uid=f"t/{i}", question=f"q{i}", answer=str(i)) for i in range(count)]
 
 
 def _reward_of(uid: str) -> float:

@@ -54,7 +54,10 @@ def test_each_take_keeps_fresh_groups_drops_stale_ones_and_refuses_foreign_ones(
     served = ServedLog()
     for first, version in ((10, 3), (20, 1), (30, 3)):
         for token in (first, first + 1):
-            served.record((1, 2), Completion((token,), (-0.5,), "", "stop", version, RequestTelemetry(2, 1, 0)), 1.0)
+            served.record((1, 2), Completion(token_ids=(token,), logprobs=(-0.5,), text="", finish_reason="stop",
+                                             policy_version=version,
+                                             telemetry=RequestTelemetry(prompt_tokens=2, generated_tokens=1,
+                                                                        cached_prompt_tokens=0)), 1.0)
     foreign = _group(40)  # never served by the engine
     endpoint, processes = Endpoint(served), Processes()
     source = AtroposSource(api=Api([[_group(10), _group(20), foreign, _group(30)]]), endpoint=endpoint, processes=processes,  # type: ignore[arg-type]
@@ -74,7 +77,9 @@ def test_with_overlap_the_endpoint_stays_open_while_the_trainer_trains() -> None
     on sampling (no pause), so the next batch is being made while the trainer trains on this one."""
     served = ServedLog()
     for token in (10, 11, 20, 21):
-        served.record((1, 2), Completion((token,), (-0.5,), "", "stop", 0, RequestTelemetry(2, 1, 0)), 1.0)
+        served.record((1, 2), Completion(token_ids=(token,), logprobs=(-0.5,), text="", finish_reason="stop", policy_version=0,
+                                         telemetry=RequestTelemetry(prompt_tokens=2, generated_tokens=1,
+                                                                    cached_prompt_tokens=0)), 1.0)
     endpoint = Endpoint(served)
     source = AtroposSource(api=Api([[_group(10)], [_group(20)]]), endpoint=endpoint, processes=Processes(),  # type: ignore[arg-type]
                            limits=Limits(100, 16, temperature=1.0), max_staleness=1, timeout_s=60, overlap=True)

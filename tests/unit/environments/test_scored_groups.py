@@ -18,8 +18,9 @@ M = -100  # not trained
 
 
 def _served(prompt: tuple[int, ...], ids: tuple[int, ...], version: int, log: ServedLog) -> None:
-    log.record(prompt, Completion(ids, tuple(-0.5 - i for i in range(len(ids))), "", "stop", version,
-                                  RequestTelemetry(0, 0, 0)))
+    log.record(prompt, Completion(token_ids=ids, logprobs=tuple(-0.5 - i for i in range(len(ids))), text="", finish_reason="stop",
+                                  policy_version=version,
+                                  telemetry=RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0)))
 
 
 def _log() -> ServedLog:
@@ -70,7 +71,9 @@ def test_a_malformed_or_foreign_group_is_refused_with_its_reason(changes: dict[s
 
 def test_a_span_sampled_at_another_temperature_than_the_runs_is_refused() -> None:
     log = ServedLog()
-    log.record((1, 2, 3), Completion((10, 11), (-0.5, -1.5), "", "stop", 4, RequestTelemetry(0, 0, 0)), temperature=0.7)
+    log.record((1, 2, 3), Completion(token_ids=(10, 11), logprobs=(-0.5, -1.5), text="", finish_reason="stop", policy_version=4,
+                                     telemetry=RequestTelemetry(prompt_tokens=0, generated_tokens=0,
+                                                                cached_prompt_tokens=0)), temperature=0.7)
     data = {"tokens": [[1, 2, 3, 10, 11]], "masks": [[M, M, M, 10, 11]], "scores": [1.0]}
     assert read_scored_group(data, Limits(100, 16, temperature=0.7), log, "a/0").scores == (1.0,)
     with pytest.raises(RefusedGroup, match="sampled at temperature 0.7, the run trains at 1.0"):

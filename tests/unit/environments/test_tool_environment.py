@@ -58,8 +58,10 @@ class ScriptedEngine:
         if len(text) > budget:
             text, finish = text[:budget], "length"
         ids = tuple(map(ord, text))
-        return Completion(ids, (-0.1,) * len(ids), text, finish, self.served_version,
-                          RequestTelemetry(prompt_tokens=len(conversation), generated_tokens=len(ids), cached_prompt_tokens=0))
+        return Completion(token_ids=ids, logprobs=(-0.1,) * len(ids), text=text, finish_reason=finish,
+                          policy_version=self.served_version,
+                          telemetry=RequestTelemetry(prompt_tokens=len(conversation), generated_tokens=len(ids),
+                                                     cached_prompt_tokens=0))
 
 
 def _episodes(**settings: Any) -> ToolEnvironment:
@@ -70,7 +72,7 @@ def _episodes(**settings: Any) -> ToolEnvironment:
 
 
 def _run(episodes: ToolEnvironment, script: Callable[[str], str], answer: str = "4") -> Completion:
-    task = Task("t", "Reach the target.", answer)
+    task = Task(uid="t", question="Reach the target.", answer=answer)
     engine = ScriptedEngine(script)
     return episodes.generate(engine, [task], [episodes.render_prompt(task)], [1], SamplingSettings(max_tokens=40))[0][0]
 
@@ -86,10 +88,10 @@ def test_the_users_environment_runs_the_episode_says_when_it_is_done_and_scores_
     glue = f"{EOS}\n[tool]<tool_response>2</tool_response>{EOS}\n[assistant]"
     assert text == f"<add>2</add>{glue}<add>2</add>{glue.replace('>2<', '>4<')}"
     assert completion.loss_mask == tuple([True] * 12 + [False] * len(glue) + [True] * 12 + [False] * len(glue))
-    group = RolloutGroup(Task("t", "q", "4"), (), (completion,))
+    group = RolloutGroup(Task(uid="t", question="q", answer="4"), (), (completion,))
     assert EnvironmentReward()([group]).values == [1.0]
     # What the engine read: the prompt for turn one, the prompt and turn one's tokens for turn two.
-    prompt = len(_episodes().render_prompt(Task("t", "Reach the target.", "4")))
+    prompt = len(_episodes().render_prompt(Task(uid="t", question="Reach the target.", answer="4")))
     assert completion.telemetry.prompt_tokens == prompt + prompt + 12 + len(glue)
 
 
@@ -131,7 +133,7 @@ def test_text_that_reset_returns_is_not_shown_and_the_run_warns_once(caplog) -> 
 
 def test_episodes_in_the_background_give_what_they_give_in_place() -> None:
     script = lambda conversation: "<add>2</add>"  # noqa: E731
-    task = Task("t", "Reach the target.", "4")
+    task = Task(uid="t", question="Reach the target.", answer="4")
     here, behind = _episodes(), _episodes(background=True)
     sampling = SamplingSettings(max_tokens=40)
     expected = here.generate(ScriptedEngine(script), [task], [here.render_prompt(task)], [2], sampling)

@@ -17,8 +17,10 @@ M = -100
 
 
 def _served(log: ServedLog, prompt: list[int], completion: list[int], version: int = 4) -> None:
-    log.record(prompt, Completion(tuple(completion), (-0.25,) * len(completion), "", "stop", version,
-                                  RequestTelemetry(len(prompt), len(completion), 0)), 1.0)
+    log.record(prompt, Completion(token_ids=tuple(completion), logprobs=(-0.25,) * len(completion), text="", finish_reason="stop",
+                                  policy_version=version,
+                                  telemetry=RequestTelemetry(prompt_tokens=len(prompt), generated_tokens=len(completion),
+                                                             cached_prompt_tokens=0)), 1.0)
 
 
 def test_each_rollouts_branch_becomes_one_sequence_masked_where_the_model_did_not_sample() -> None:

@@ -18,7 +18,8 @@ def _task(uid: str, group: str | None, operations: int | None = None) -> Task:
 
 def _episode(calls: int) -> Completion:
     log = EpisodeLog(turns=(), model_turns=calls + 1, tool_calls=calls)
-    return Completion((1,), (-0.1,), "#### 1", "stop", 0, RequestTelemetry(1, 1, 0), episode=log)
+    return Completion(token_ids=(1,), logprobs=(-0.1,), text="#### 1", finish_reason="stop", policy_version=0,
+                      telemetry=RequestTelemetry(prompt_tokens=1, generated_tokens=1, cached_prompt_tokens=0), episode=log)
 
 
 def test_accuracy_reward_and_calls_per_group_worked_by_hand() -> None:
@@ -38,9 +39,10 @@ def test_accuracy_reward_and_calls_per_group_worked_by_hand() -> None:
 
 def test_no_groups_and_no_notion_of_solved_log_only_what_they_can() -> None:
     tasks = [_task("a", None), _task("b", None)]
-    assert group_metrics(tasks, [_episode(1), _episode(1)], RewardOutput([1.0, 0.0], {}, [True, False])) == {}
+    assert group_metrics(tasks, [_episode(1), _episode(1)], RewardOutput(values=[1.0, 0.0], terms={}, correct=[True,
+                                                                                                               False])) == {}
     grouped = [_task("a", "x", 1), _task("b", "x", 1)]
-    assert group_metrics(grouped, [_episode(1), _episode(1)], RewardOutput([1.0, 0.0], {})) == {
+    assert group_metrics(grouped, [_episode(1), _episode(1)], RewardOutput(values=[1.0, 0.0], terms={})) == {
         "eval/reward/mean/x": 0.5}
 
 
@@ -56,7 +58,8 @@ def test_held_out_lengths_in_turn_are_each_reported_and_the_page_shows_one_episo
     data = ArithmeticTasks(terms=2, eval_terms=[3, 5], train_size=10, eval_size=12, seed=0)
     tasks = sorted(data.eval_tasks(), key=lambda t: t.metadata["operations"])
     # FakeEngine answers "<first number + 1>" to the question "<first number> + ...": right for the tasks made so.
-    tasks = [Task(t.uid, f"{i} + {t.question}", str(i + 1 if i % 3 else 0), t.metadata) for i, t in enumerate(tasks)]
+    tasks = [Task(uid=t.uid, question=f"{i} + {t.question}", answer=str(i + 1 if i % 3 else 0), metadata=t.metadata) for i,
+             t in enumerate(tasks)]
     tasks = in_turn(tasks, tasks)
     assert [t.metadata["eval_group"] for t in tasks[:3]] == ["terms_3", "terms_4", "terms_5"]
     prompts = [tuple(FakeTokenizer()(t.question)["input_ids"]) for t in tasks]

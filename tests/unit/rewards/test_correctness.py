@@ -6,8 +6,9 @@ from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, Task
 
 def _group(answer: str, texts: list[str]) -> RolloutGroup:
     telemetry = RequestTelemetry(prompt_tokens=3, generated_tokens=2, cached_prompt_tokens=0)
-    completions = tuple(Completion((1, 2), (-0.1, -0.2), t, "stop", 0, telemetry) for t in texts)
-    return RolloutGroup(Task("t", "q", answer), (5, 6, 7), completions)
+    completions = tuple(Completion(token_ids=(1, 2), logprobs=(-0.1, -0.2), text=t, finish_reason="stop", policy_version=0,
+                                   telemetry=telemetry) for t in texts)
+    return RolloutGroup(Task(uid="t", question="q", answer=answer), (5, 6, 7), completions)
 
 
 def test_values_come_from_config_and_order_follows_groups() -> None:

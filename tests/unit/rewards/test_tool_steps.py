@@ -6,15 +6,15 @@ from __future__ import annotations
 from grpo_pipe.rewards.tool_steps import ToolStepsReward
 from grpo_pipe.types import Completion, EpisodeLog, RequestTelemetry, RolloutGroup, Task, Turn
 
-TASK = Task("a/1", "Calculate 38 - 673 + 851.", "216", metadata={"steps": ["-635", "216"]})
+TASK = Task(uid="a/1", question="Calculate 38 - 673 + 851.", answer="216", metadata={"steps": ["-635", "216"]})
 NO_TELEMETRY = RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_tokens=0)
 
 
 def episode(*results: tuple[str, str]) -> Completion:
-    turns = tuple(t for text, outcome in results for t in (Turn("assistant", "<calculator>…</calculator>"),
-                                                            Turn("tool", text, tool="calculator", outcome=outcome)))
-    return Completion((), (), "#### ?", "stop", 0, NO_TELEMETRY,
-                      episode=EpisodeLog(turns, model_turns=len(results) + 1, tool_calls=len(results)))
+    turns = tuple(t for text, outcome in results for t in (Turn(role="assistant", text="<calculator>…</calculator>"),
+                                                            Turn(role="tool", text=text, tool="calculator", outcome=outcome)))
+    return Completion(token_ids=(), logprobs=(), text="#### ?", finish_reason="stop", policy_version=0, telemetry=NO_TELEMETRY,
+                      episode=EpisodeLog(turns=turns, model_turns=len(results) + 1, tool_calls=len(results)))
 
 
 def scores(*completions: Completion, task: Task = TASK) -> list[float]:
@@ -30,12 +30,12 @@ def test_each_step_a_successful_call_returned_earns_its_share() -> None:
 def test_results_no_step_names_errors_and_plain_turns_earn_nothing() -> None:
     assert scores(episode(("1", "ok"), ("2", "ok"), ("3", "ok"))) == [0.0]  # calling more cannot raise the score
     assert scores(episode(("-635", "error"), ("216", "timeout"))) == [0.0]
-    plain = Completion((), (), "#### 216", "stop", 0, NO_TELEMETRY)
+    plain = Completion(token_ids=(), logprobs=(), text="#### 216", finish_reason="stop", policy_version=0, telemetry=NO_TELEMETRY)
     assert scores(plain) == [0.0]
 
 
 def test_a_task_without_steps_scores_zero_is_counted_and_named_before_the_engine_starts() -> None:
-    bare = Task("a/2", "Calculate 1 + 2.", "3")
+    bare = Task(uid="a/2", question="Calculate 1 + 2.", answer="3")
     out = ToolStepsReward()([RolloutGroup(bare, (), (episode(("3", "ok")),))])
     assert out.values == [0.0] and out.terms["no_steps"] == [1.0]
     assert ToolStepsReward().try_on([TASK]) == []

@@ -68,8 +68,8 @@ def test_a_failed_runs_reason_is_recorded_before_the_engine_and_trainer_shut_dow
 
 
 def test_a_named_experiments_sweep_children_keep_what_differs_in_their_names() -> None:
-    child = JobContext(Path("out/0"), "weight_bridge=ipc,rollout_scheduler.max_staleness=1", sweep_dir="out")
-    single = JobContext(Path("out"), "trainer.optimisation.lr=1e-5")
+    child = JobContext(output_dir=Path("out/0"), run_name="weight_bridge=ipc,rollout_scheduler.max_staleness=1", sweep_dir="out")
+    single = JobContext(output_dir=Path("out"), run_name="trainer.optimisation.lr=1e-5")
     assert run_name("calculator", child) == "calculator: weight_bridge=ipc,rollout_scheduler.max_staleness=1"
     assert run_name(None, child) == "weight_bridge=ipc,rollout_scheduler.max_staleness=1"
     assert run_name("calculator", single) == "calculator" and run_name("", single) == "trainer.optimisation.lr=1e-5"

@@ -9,11 +9,12 @@ TELEMETRY = RequestTelemetry(prompt_tokens=0, generated_tokens=0, cached_prompt_
 
 
 def test_rows_keep_the_first_completions_and_show_an_episode_turn_by_turn() -> None:
-    turns = (Turn("assistant", "<calculator>3 * 25</calculator>"), Turn("tool", "75", tool="calculator"),
-             Turn("assistant", "#### 75"))
-    episode = Completion((), (), "#### 75", "stop", 2, TELEMETRY, episode=EpisodeLog(turns, model_turns=2, tool_calls=1))
-    plain = Completion((), (), "#### 9", "stop", 2, TELEMETRY)
-    groups = [RolloutGroup(Task("t/1", "Calculate 3 * 25.", "75"), (), (episode, plain, plain))]
+    turns = (Turn(role="assistant", text="<calculator>3 * 25</calculator>"), Turn(role="tool", text="75", tool="calculator"),
+             Turn(role="assistant", text="#### 75"))
+    episode = Completion(token_ids=(), logprobs=(), text="#### 75", finish_reason="stop", policy_version=2, telemetry=TELEMETRY,
+                         episode=EpisodeLog(turns=turns, model_turns=2, tool_calls=1))
+    plain = Completion(token_ids=(), logprobs=(), text="#### 9", finish_reason="stop", policy_version=2, telemetry=TELEMETRY)
+    groups = [RolloutGroup(Task(uid="t/1", question="Calculate 3 * 25.", answer="75"), (), (episode, plain, plain))]
     rows = sample_rows(7, groups, RewardOutput(values=[1.0, 0.0, 0.5]), keep=2)
     assert [r["reward"] for r in rows] == [1.0, 0.0] and rows[0]["step"] == 7
     assert rows[0]["turns"] == [
@@ -27,8 +28,9 @@ def test_rows_keep_the_first_completions_and_show_an_episode_turn_by_turn() -> N
 def test_the_cached_share_of_episodes_is_of_every_turns_prompt() -> None:
     """An episode's turns re-read its history; what the cache served is a share of all the tokens read, never above 1."""
     read = RequestTelemetry(prompt_tokens=10 + 30 + 50, generated_tokens=9, cached_prompt_tokens=0 + 28 + 48)
-    episode = Completion((1,) * 9, (0.0,) * 9, "", "stop", 0, read, episode=EpisodeLog((), model_turns=3, tool_calls=2))
-    groups = [RolloutGroup(Task("t/1", "q", "1"), (0,) * 10, (episode, episode))]
+    episode = Completion(token_ids=(1,) * 9, logprobs=(0.0,) * 9, text="", finish_reason="stop", policy_version=0, telemetry=read,
+                         episode=EpisodeLog(turns=(), model_turns=3, tool_calls=2))
+    groups = [RolloutGroup(Task(uid="t/1", question="q", answer="1"), (0,) * 10, (episode, episode))]
     assert rollout_metrics(groups, 1.0)["rollout/cached_prompt_fraction"] == 76 / 90
 
 

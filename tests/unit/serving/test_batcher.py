@@ -25,10 +25,10 @@ def test_requests_that_wait_while_the_engine_works_go_in_one_call_each_with_its_
     engine = GatedEngine()
     batcher = RequestBatcher(engine=engine)  # type: ignore[arg-type]
     try:
-        first = batcher.submit(Request((1, 2, 3), 1, 8, KEY))
+        first = batcher.submit(Request(prompt=(1, 2, 3), samples=1, max_tokens=8, key=KEY))
         assert engine.entered.wait(30)  # the engine is busy with the first request
-        waiting = [batcher.submit(Request((4, 5, 6, 7), 2, budget, KEY)) for budget in (2, 3)]
-        other = batcher.submit(Request((9, 9), 1, 8, SamplingKey(temperature=0.0, top_p=1.0)))
+        waiting = [batcher.submit(Request(prompt=(4, 5, 6, 7), samples=2, max_tokens=budget, key=KEY)) for budget in (2, 3)]
+        other = batcher.submit(Request(prompt=(9, 9), samples=1, max_tokens=8, key=SamplingKey(temperature=0.0, top_p=1.0)))
         _wait_until(lambda: batcher.waiting == 3)
         engine.gate.set()
         assert [c.token_ids for c in first.result(30)] == [(3, 2, 1)]
@@ -47,9 +47,10 @@ def test_a_seeded_request_is_sampled_alone() -> None:
     batcher = RequestBatcher(engine=engine)  # type: ignore[arg-type]
     try:
         engine.gate.clear()
-        blocker = batcher.submit(Request((1,), 1, 4, KEY))
+        blocker = batcher.submit(Request(prompt=(1,), samples=1, max_tokens=4, key=KEY))
         assert engine.entered.wait(30)
-        seeded = [batcher.submit(Request((2, 3), 1, 4, KEY, seed=7)), batcher.submit(Request((4, 5), 1, 4, KEY))]
+        seeded = [batcher.submit(Request(prompt=(2, 3), samples=1, max_tokens=4, key=KEY, seed=7)),
+                  batcher.submit(Request(prompt=(4, 5), samples=1, max_tokens=4, key=KEY))]
         _wait_until(lambda: batcher.waiting == 2)
         engine.gate.set()
         for future in [blocker, *seeded]:
@@ -64,12 +65,12 @@ def test_an_engine_failure_fails_its_round_and_the_next_round_is_served() -> Non
     engine.fail = True
     batcher = RequestBatcher(engine=engine)  # type: ignore[arg-type]
     try:
-        failed = batcher.submit(Request((1, 2), 1, 4, KEY))
+        failed = batcher.submit(Request(prompt=(1, 2), samples=1, max_tokens=4, key=KEY))
         engine.gate.set()
         with pytest.raises(RuntimeError, match="engine died"):
             failed.result(30)
         engine.fail = False
-        assert batcher.submit(Request((1, 2), 1, 4, KEY)).result(30)[0].token_ids == (2, 1)
+        assert batcher.submit(Request(prompt=(1, 2), samples=1, max_tokens=4, key=KEY)).result(30)[0].token_ids == (2, 1)
     finally:
         batcher.close()
 
@@ -77,9 +78,9 @@ def test_an_engine_failure_fails_its_round_and_the_next_round_is_served() -> Non
 def test_closing_fails_what_still_waits_with_a_clear_error() -> None:
     engine = GatedEngine()
     batcher = RequestBatcher(engine=engine)  # type: ignore[arg-type]
-    batcher.submit(Request((1,), 1, 4, KEY))
+    batcher.submit(Request(prompt=(1,), samples=1, max_tokens=4, key=KEY))
     assert engine.entered.wait(30)
-    waiting = batcher.submit(Request((2,), 1, 4, KEY))
+    waiting = batcher.submit(Request(prompt=(2,), samples=1, max_tokens=4, key=KEY))
     _wait_until(lambda: batcher.waiting == 1)
     closer = threading.Thread(target=batcher.close)
     closer.start()
@@ -88,18 +89,18 @@ def test_closing_fails_what_still_waits_with_a_clear_error() -> None:
     engine.gate.set()
     closer.join(30)
     with pytest.raises(EndpointClosed, match="shutting down"):
-        batcher.submit(Request((3,), 1, 4, KEY))
+        batcher.submit(Request(prompt=(3,), samples=1, max_tokens=4, key=KEY))
 
 
 def test_a_paused_batcher_finishes_its_round_holds_the_rest_and_resumes() -> None:
     engine = GatedEngine()
     batcher = RequestBatcher(engine=engine)  # type: ignore[arg-type]
     try:
-        first = batcher.submit(Request((1, 2), 1, 4, KEY))
+        first = batcher.submit(Request(prompt=(1, 2), samples=1, max_tokens=4, key=KEY))
         assert engine.entered.wait(30)
         pausing = threading.Thread(target=batcher.pause)
         pausing.start()
-        held = batcher.submit(Request((3, 4), 1, 4, KEY))
+        held = batcher.submit(Request(prompt=(3, 4), samples=1, max_tokens=4, key=KEY))
         _wait_until(lambda: batcher.paused)  # paused before the round in flight ends
         engine.gate.set()
         pausing.join(30)
@@ -119,7 +120,7 @@ def test_a_burst_of_requests_is_gathered_into_one_call() -> None:
     engine.gate.set()
     batcher = RequestBatcher(engine=engine, max_prompts_per_call=3, gather_s=60.0)  # type: ignore[arg-type]
     try:
-        burst = [batcher.submit(Request((i, 1), 1, 4, KEY)) for i in range(3)]
+        burst = [batcher.submit(Request(prompt=(i, 1), samples=1, max_tokens=4, key=KEY)) for i in range(3)]
         for future in burst:
             future.result(30)
     finally:

@@ -39,7 +39,7 @@ def client() -> Iterator[TestClient]:
     engine = GatedEngine()
     engine.gate.set()
     batcher = RequestBatcher(engine=engine)  # type: ignore[arg-type]
-    model = ServedModel("tiny", CharTokenizer(), max_model_len=64, vocab_size=300)
+    model = ServedModel(name="tiny", tokenizer=CharTokenizer(), max_model_len=64, vocab_size=300)
     try:
         yield TestClient(build_app(batcher, model, TOKEN))
     finally:
@@ -113,7 +113,8 @@ def test_token_generate_samples_as_asked_and_is_recorded_as_served() -> None:
     served = ServedLog()
     batcher = RequestBatcher(engine=engine, served=served)  # type: ignore[arg-type]
     try:
-        client = TestClient(build_app(batcher, ServedModel("tiny", CharTokenizer(), 64, 300), TOKEN))
+        client = TestClient(build_app(batcher, ServedModel(name="tiny", tokenizer=CharTokenizer(), max_model_len=64,
+                                                           vocab_size=300), TOKEN))
         answer = client.post("/inference/v1/generate", headers=AUTH,
                              json={"token_ids": [5, 6, 7], "sampling_params": {"temperature": 0.7, "max_tokens": 2,
                                                                                 "stop_token_ids": [9]}})
@@ -143,7 +144,7 @@ def test_a_request_outside_the_schema_is_refused(client: TestClient) -> None:
 
 
 def test_the_endpoint_refuses_a_host_other_machines_reach_unless_allowed() -> None:
-    model = ServedModel("tiny", CharTokenizer(), max_model_len=64, vocab_size=300)
+    model = ServedModel(name="tiny", tokenizer=CharTokenizer(), max_model_len=64, vocab_size=300)
     with pytest.raises(ValueError, match="not a loopback address"):
         EngineEndpoint(engine=GatedEngine(), model=model, host="0.0.0.0")  # type: ignore[arg-type]
     assert EngineEndpoint(engine=GatedEngine(), model=model, host="0.0.0.0", allow_remote=True).host == "0.0.0.0"  # type: ignore[arg-type]
@@ -153,7 +154,7 @@ def test_the_endpoint_refuses_a_host_other_machines_reach_unless_allowed() -> No
 def test_a_request_the_engine_does_not_answer_in_time_gets_504_with_the_reason() -> None:
     engine = GatedEngine()  # its gate stays shut: the engine never answers
     batcher = RequestBatcher(engine=engine)  # type: ignore[arg-type]
-    model = ServedModel("tiny", CharTokenizer(), max_model_len=64, vocab_size=300)
+    model = ServedModel(name="tiny", tokenizer=CharTokenizer(), max_model_len=64, vocab_size=300)
     client = TestClient(build_app(batcher, model, TOKEN, timeout_s=0.2))
     try:
         answer = client.post("/v1/completions", headers=AUTH, json={"prompt": "ab", "max_tokens": 4})

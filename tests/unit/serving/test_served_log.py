@@ -5,7 +5,9 @@ from grpo_pipe.types import Completion, RequestTelemetry
 
 
 def _completion(ids: tuple[int, ...], version: int = 0) -> Completion:
-    return Completion(ids, tuple(-0.1 * (i + 1) for i in range(len(ids))), "", "stop", version, RequestTelemetry(0, 0, 0))
+    return Completion(token_ids=ids, logprobs=tuple(-0.1 * (i + 1) for i in range(len(ids))), text="", finish_reason="stop",
+                      policy_version=version, telemetry=RequestTelemetry(prompt_tokens=0, generated_tokens=0,
+                                                                         cached_prompt_tokens=0))
 
 
 def test_a_completion_is_found_only_after_exactly_its_prompt() -> None:

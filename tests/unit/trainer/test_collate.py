@@ -12,7 +12,8 @@ PAD = 0
 
 
 def _sample(prompt: tuple[int, ...], completion: tuple[int, ...]) -> TrainSample:
-    return TrainSample(prompt, completion, tuple([-1.0] * len(completion)), 1.0, 0)
+    return TrainSample(prompt_ids=prompt, completion_ids=completion, sampling_logprobs=tuple([-1.0] * len(completion)),
+                       advantage=1.0, policy_version=0)
 
 
 SAMPLES = [_sample((11, 12, 13, 14, 15), (21, 22)), _sample((31,), (41, 42, 43)), _sample((51, 52), (61,))]

@@ -19,7 +19,7 @@ def _episode(advantage_sign: float) -> Completion:
 
 
 def test_environment_tokens_get_exactly_zero_gradient_and_no_share_of_the_normaliser() -> None:
-    group = RolloutGroup(Task("t", "q", "1"), (1, 2, 3), (_episode(1.0),))
+    group = RolloutGroup(Task(uid="t", question="q", answer="1"), (1, 2, 3), (_episode(1.0),))
     sample = flatten([group], [1.5])[0]
     assert sample.trained_tokens == 3 and sample.loss_mask == MASK
     batch = collate([sample], pad_id=0, device=torch.device("cpu"))

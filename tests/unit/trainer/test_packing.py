@@ -16,7 +16,9 @@ CPU = torch.device("cpu")
 
 def _sample(prompt: int, completion: int, mask: tuple[bool, ...] | None = None, start: int = 10) -> TrainSample:
     ids = tuple(range(start, start + prompt + completion))
-    return TrainSample(ids[:prompt], ids[prompt:], tuple(-0.5 - i for i in range(completion)), 1.0, 0, loss_mask=mask)
+    return TrainSample(prompt_ids=ids[:prompt], completion_ids=ids[prompt:],
+                       sampling_logprobs=tuple(-0.5 - i for i in range(completion)), advantage=1.0, policy_version=0,
+                       loss_mask=mask)
 
 
 def test_sequences_lie_end_to_end_with_their_own_positions_and_bounds() -> None:
