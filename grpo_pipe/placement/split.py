@@ -25,6 +25,7 @@ from grpo_pipe.placement.resources import ShardedTraining, gpu_problems
 from grpo_pipe.rollout.errors import EngineGaveUp
 from grpo_pipe.rollout.ray_engine import UPDATES, EngineHost, RayEngineFleet, explicit_log_levels
 from grpo_pipe.rollout.vllm_engine import VllmEngine
+from grpo_pipe.runtime.undertaker import Undertaker, fate_shared
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class SplitPlacement:
         self._group: Any = None  # the engines' Ray placement group: one bundle per replica
         self._tp = 1
         self._owns_ray = False
+        self._undertaker: Undertaker | None = None  # watches the local Ray node this process starts (none on a cluster)
 
     def config_problems(self) -> list[str]:
         """Ray is an optional dependency: only this placement needs it."""
@@ -155,6 +157,9 @@ class SplitPlacement:
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
             self._owns_ray = False
+        if self._undertaker is not None:  # only after a shutdown that worked: else the node is still its to stop
+            self._undertaker.dismiss()
+            self._undertaker = None
 
     def _start_actors(self, template: VllmEngine) -> list[Any]:
         """One actor per replica, each in its own bundle of a placement group (replica GPUs = engine_gpus x TP),
@@ -207,13 +212,14 @@ class SplitPlacement:
             # Logical CPUs: enough for every replica even on a 2-core machine (Ray would otherwise
             # leave an actor pending forever); the OS shares the real cores.
             needed = self.num_engines * self.engine_cpus + 1
-            ray.init(
+            # The undertaker stops the node's processes if this one is killed: Ray's agents would outlive it a minute.
+            _, self._undertaker = fate_shared(lambda: ray.init(
                 address="local",  # a private instance: never join whatever cluster `ray start` left on this machine
                 num_cpus=max(os.cpu_count() or 1, needed),
                 include_dashboard=False,
                 _node_ip_address=self.host,
                 log_to_driver=True,
-            )
+            ))
         self._owns_ray = True
 
 

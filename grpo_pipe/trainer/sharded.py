@@ -27,6 +27,7 @@ import torch
 
 from grpo_pipe.config.dependencies import ray_problems
 from grpo_pipe.config.errors import failed
+from grpo_pipe.runtime.undertaker import Undertaker, fate_shared
 from grpo_pipe.trainer.errors import TrainerLost
 from grpo_pipe.trainer.grpo import BatchPlan, GRPOTrainer
 from grpo_pipe.trainer.settings import PrecisionSettings
@@ -94,6 +95,7 @@ class ShardedTrainer:
         self._group: Any = None
         self._tied = False
         self.pad_id = 0
+        self._undertaker: Undertaker | None = None  # watches the local Ray node `setup` may start
 
     # The runner reads these as it would the single-device trainer's.
     def config_problems(self) -> list[str]:
@@ -132,8 +134,11 @@ class ShardedTrainer:
         self.model_path = Path(model_path)
         self.pad_id = pad_id
         if not ray.is_initialized():  # placement=split starts Ray (or joins a cluster) first; else a local one
-            ray.init(address="local", num_cpus=max(self.world_size * self.cpus_per_rank + 1, 2), include_dashboard=False,
-                     _node_ip_address="127.0.0.1", log_to_driver=True)
+            # The undertaker stops the node's processes if this one is killed (Ray's agents would outlive it a minute);
+            # the node lives as long as this process, so the undertaker, which then ends by itself, does too.
+            _, self._undertaker = fate_shared(lambda: ray.init(
+                address="local", num_cpus=max(self.world_size * self.cpus_per_rank + 1, 2), include_dashboard=False,
+                _node_ip_address="127.0.0.1", log_to_driver=True))
         self.workers = self._start_workers()
         host, port = ray.get(self.workers[0].address.remote())
         backend = self._resolved_backend()
