@@ -28,8 +28,9 @@ import torch
 from grpo_pipe.config.dependencies import ray_problems
 from grpo_pipe.config.errors import failed
 from grpo_pipe.runtime.undertaker import Undertaker, fate_shared
+from grpo_pipe.trainer.batch_plan import BatchPlan
 from grpo_pipe.trainer.errors import TrainerLost
-from grpo_pipe.trainer.grpo import BatchPlan, GRPOTrainer
+from grpo_pipe.trainer.grpo import GRPOTrainer
 from grpo_pipe.trainer.settings import PrecisionSettings
 from grpo_pipe.trainer.shard_worker import ShardWorker, deal
 from grpo_pipe.trainer.sharded_policy import ShardedPolicy
