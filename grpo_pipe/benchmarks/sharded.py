@@ -30,6 +30,7 @@ from hydra.utils import instantiate
 
 from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.interfaces import Trainer
+from grpo_pipe.runtime.undertaker import fate_shared
 from grpo_pipe.types import Completion, RequestTelemetry, RolloutGroup, Task
 
 LOSS_STEPS = 5  # losses compared across world sizes
@@ -100,7 +101,9 @@ def main() -> None:
     import ray
 
     sizes = [int(s) for s in args.world_sizes.split(",")]
-    ray.init(address="local", num_cpus=2 * max(sizes) + 2, include_dashboard=False, _node_ip_address="127.0.0.1")
+    # The undertaker stops Ray's processes if this one is killed (its agents would outlive it a minute).
+    fate_shared(lambda: ray.init(address="local", num_cpus=2 * max(sizes) + 2, include_dashboard=False,
+                                 _node_ip_address="127.0.0.1"))
     rows: list[dict[str, Any]] = []
     work: list[tuple[list[RolloutGroup], list[float]]] = []
     with tempfile.TemporaryDirectory(prefix="grpo_pipe-sharded-bench-") as scratch:

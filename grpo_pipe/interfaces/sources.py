@@ -127,7 +127,8 @@ class RolloutSource(Protocol):
         max_staleness: Policy versions a trained sample may lag the trainer (0 = the synchronous loop).
         stale_policy: `pace` (submit only within the bound) or `drop` (keep the engine busy, drop what is too old).
         ledger: Every group submitted, counted as trained, dropped or in flight.
-        generation_intervals: Wall-clock spans the engine was generating.
+        generation_intervals: Wall-clock spans the engine was generating, since the step recorder last took them (it
+            folds them into the run's overlap figures and empties the list, so no span is kept per step).
         guard: Wraps every wait on the engine (a stop signal may abandon it).
     """
 

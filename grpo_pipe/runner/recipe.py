@@ -73,7 +73,8 @@ class GRPORecipe:
         self.trained_through = 0  # the last step whose optimizer update is done
         self.engine_restarts = 0
         watch = MismatchWatch(parts.run.mismatch_warn, type(parts.weight_bridge).__name__)
-        self.recorder = StepRecorder(parts.run.samples_to_log, watch)
+        # The samples table goes to the run folder step by step (logged to MLflow at the end, as before).
+        self.recorder = StepRecorder(parts.run.samples_to_log, watch, samples_file=output_dir / "samples.jsonl")
 
     def setup(self) -> None:
         """Load the model, start the engine and the trainer, connect the bridge, prepare the evaluation."""

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from grpo_pipe.interfaces import RolloutSource
-from grpo_pipe.rollout.scheduler import covered_seconds, overlap_seconds
 from grpo_pipe.types import Completion, RewardOutput, RolloutGroup, TakenBatch
+
+if TYPE_CHECKING:
+    from grpo_pipe.runner.run_totals import OverlapMeter
 
 
 def async_metrics(taken: TakenBatch, dropped: int, scheduler: RolloutSource) -> dict[str, float]:
@@ -25,15 +27,13 @@ def async_metrics(taken: TakenBatch, dropped: int, scheduler: RolloutSource) -> 
     return metrics
 
 
-def overlap_summary(
-    scheduler: RolloutSource, train_spans: Sequence[tuple[float, float]], wait_s: float, loop_s: float
-) -> dict[str, float]:
-    """How much generation and training ran at the same time, over the whole loop."""
-    train_s = covered_seconds(train_spans)
-    gen_s = covered_seconds(scheduler.generation_intervals)
+def overlap_summary(scheduler: RolloutSource, overlap: OverlapMeter, wait_s: float, loop_s: float) -> dict[str, float]:
+    """How much generation and training ran at the same time, over the whole loop (running totals: `OverlapMeter`)."""
+    train_s = overlap.train_s()
+    gen_s = overlap.generation_s()
     return {
         "summary/loop_s": loop_s,
-        "summary/overlap_fraction": overlap_seconds(train_spans, scheduler.generation_intervals) / max(train_s, 1e-9),
+        "summary/overlap_fraction": overlap.both_s() / max(train_s, 1e-9),
         "summary/engine_idle_fraction": max(1.0 - gen_s / max(loop_s, 1e-9), 0.0),
         "summary/trainer_idle_fraction": wait_s / max(loop_s, 1e-9),
         "summary/groups_dropped": float(sum(scheduler.ledger.dropped.values())),

@@ -8,6 +8,7 @@ import statistics
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,6 +16,7 @@ import torch
 from grpo_pipe.environments.metrics import episode_metrics
 from grpo_pipe.interfaces import RolloutSource
 from grpo_pipe.runner import step_metrics
+from grpo_pipe.runner.run_totals import OverlapMeter, SamplesTable, StepTimes
 from grpo_pipe.trainer.memory import memory_metrics
 from grpo_pipe.types import RewardOutput, RolloutGroup, SyncStats, TakenBatch
 
@@ -58,21 +60,27 @@ MISMATCH_KEY = "mismatch/logprob_abs_mean"
 class StepRecorder:
     """What one step produced (as metrics), and what the loop in this process accumulates."""
 
-    def __init__(self, samples_to_log: int, mismatch: MismatchWatch | None = None) -> None:
+    def __init__(self, samples_to_log: int, mismatch: MismatchWatch | None = None,
+                 samples_file: Path | None = None) -> None:
         self.samples_to_log = samples_to_log  # completions per step kept for the samples table
         self.mismatch = mismatch or MismatchWatch(None, "")
         self.on_policy = False  # every completion of this step's batch came from the weights the trainer holds
         self.step_rewards: list[float] = []  # mean reward per step, from step 1 (restored on resume)
-        self.train_spans: list[tuple[float, float]] = []  # wall clock, trainer busy
+        self.overlap = OverlapMeter()  # wall clock: trainer busy, engine busy (from the scheduler's spans), both
         self.wait_s = 0.0  # trainer time spent waiting for rollouts
-        self.table: list[dict[str, Any]] = []
+        self.samples_table = SamplesTable(samples_file)  # on disk when given a file: nothing kept per step here
         # This process's loop only, like train_spans: samples trained on, and those new weights reached mid-way.
         self.samples = 0
         self.samples_updated_in_flight = 0
-        self.phase_seconds: list[dict[str, float]] = []  # each step of this process's loop, by PHASES' names
+        self.step_times = StepTimes()  # each step of this process's loop, by PHASES' names (bounded)
         self._metrics: dict[str, float] = {}
         self._started = 0.0
         self.trainer_device: torch.device | None = None  # where the memory figures are read; None: none read here
+
+    @property
+    def table(self) -> list[dict[str, Any]]:
+        """The samples table's rows (read back from its file): for the end of the run, not for every step."""
+        return self.samples_table.rows()
 
     def begin(self) -> None:
         self._metrics = {}
@@ -84,6 +92,7 @@ class StepRecorder:
 
     def rollouts(self, taken: TakenBatch, dropped: int, scheduler: RolloutSource, trainer_version: int) -> None:
         """The batch trained on this step; `dropped` counts groups discarded as too stale on the way."""
+        self.take_generation_spans(scheduler)
         completions = [c for g in taken.groups for c in g.completions]
         self.on_policy = all(c.policy_version == trainer_version and not c.version_switches for c in completions)
         self.samples += len(completions)
@@ -97,7 +106,7 @@ class StepRecorder:
 
     def scores(self, step: int, groups: Sequence[RolloutGroup], scored: RewardOutput) -> None:
         self.add(step_metrics.reward_metrics(scored))
-        self.table.extend(step_metrics.sample_rows(step, groups, scored, self.samples_to_log))
+        self.samples_table.extend(step_metrics.sample_rows(step, groups, scored, self.samples_to_log))
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -112,7 +121,7 @@ class StepRecorder:
         started = time.time()  # wall clock, as the engine's generation spans are
         with self.phase("train"):
             yield
-        self.train_spans.append((started, time.time()))
+        self.overlap.add_train((started, time.time()))
         self.add(memory_metrics(self.trainer_device))
 
     def synced(self, stats: SyncStats | None) -> None:
@@ -129,24 +138,33 @@ class StepRecorder:
         metrics["policy/version"] = float(policy_version)
         metrics["engine/restarts"] = float(engine_restarts)
         metrics["time/step_s"] = time.perf_counter() - self._started
-        self.phase_seconds.append({name: metrics[key] for name, key in PHASES.items() if key in metrics})
+        self.step_times.add({name: metrics[key] for name, key in PHASES.items() if key in metrics})
         self.step_rewards.append(metrics["train/reward/mean"])
         return metrics
 
+    def take_generation_spans(self, scheduler: RolloutSource) -> None:
+        """The engine's busy spans since the last call, folded into the overlap figures; the scheduler's list is
+        emptied, so neither side keeps a span per step."""
+        spans = scheduler.generation_intervals
+        self.overlap.add_generation(spans)
+        del spans[:]
+
     def summary(self, scheduler: RolloutSource, loop_s: float) -> dict[str, float]:
         """The end-of-run numbers: reward quarters, generation/training overlap, in-flight updates."""
+        self.take_generation_spans(scheduler)
+        times = self.step_times
         return {
             **step_metrics.quarter_summary(self.step_rewards),
-            **step_metrics.overlap_summary(scheduler, self.train_spans, self.wait_s, loop_s),
+            **step_metrics.overlap_summary(scheduler, self.overlap, self.wait_s, loop_s),
             "summary/in_flight_updated_fraction": self.samples_updated_in_flight / max(self.samples, 1),
-            "summary/step_s": sum(s["step_s"] for s in self.phase_seconds) / max(len(self.phase_seconds), 1),
-            "summary/first_step_s": self.phase_seconds[0]["step_s"] if self.phase_seconds else 0.0,  # warm-up
+            "summary/step_s": times.total_step_s / max(times.count, 1),
+            "summary/first_step_s": times.first["step_s"] if times.first else 0.0,  # warm-up
             **self.phase_summary(),
         }
 
     def phase_summary(self) -> dict[str, float]:
         """Median seconds per step of each phase, as `summary/phase/<phase>`. The first step also waits for
         the first batch and warms up, so it is left out when there are three steps or more."""
-        steps = self.phase_seconds[1:] if len(self.phase_seconds) >= 3 else self.phase_seconds
+        steps = self.step_times.for_medians()
         return {f"summary/phase/{name}": statistics.median(s.get(name, 0.0) for s in steps)
                 for name in PHASES if any(name in s for s in steps)}

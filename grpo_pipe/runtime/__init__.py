@@ -1,2 +1,2 @@
 """What a job's process shares with every layer: the environment variables it reads or sets, stop requests (signals)
-and the test-only halt points."""
+the test-only halt points, and the undertaker that stops what a killed job started (Ray's node processes)."""

@@ -256,9 +256,7 @@ def test_mismatch_is_zero_when_the_sampler_reported_the_trainers_own_log_probs()
 def _truncated_groups() -> tuple[list[RolloutGroup], list[float]]:
     groups, rewards = scored_groups()
     first = groups[0]
-    cut = first.completions[0].__class__(*[
-        getattr(first.completions[0], f) for f in ("token_ids", "logprobs", "text")
-    ], "length", 0, TELEMETRY)
+    cut = dataclasses.replace(first.completions[0], finish_reason="length", policy_version=0, telemetry=TELEMETRY)
     groups[0] = RolloutGroup(first.task, first.prompt_token_ids, (cut, *first.completions[1:]))
     return groups, rewards
 
