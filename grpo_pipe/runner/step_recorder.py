@@ -48,7 +48,11 @@ class MismatchWatch:
         log.warning(
             "Step %d: the engine's log-probs differ from the trainer's on the same weights by %.4f per token on "
             "average (run.mismatch_warn=%s; max %.3f, KL %.4f). Suspect the weight bridge (%s): does the engine serve the "
-            "trainer's weights after a sync? Warned once; the mismatch/* metrics show every step.",
+            "trainer's weights after a sync? Or the two sides' dtypes: a bf16 engine beside a trainer computing in fp32 "
+            "(trainer.precision.autocast resolves to none on a CPU) serves only the updates larger than bf16's rounding "
+            "step, so the gap grows as the trainer learns; trainer.precision.autocast=bfloat16 scores with the weights "
+            "the engine serves (BENCHMARKS.md, 'bf16 mismatch on a CPU'). Warned once; the mismatch/* metrics show "
+            "every step.",
             step, value, self.threshold, metrics.get("mismatch/logprob_abs_max", float("nan")),
             metrics.get("mismatch/kl_k3", float("nan")), self.bridge,
         )
