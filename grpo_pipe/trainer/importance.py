@@ -21,6 +21,7 @@ same numbers. `loss.correction=null` uses no weight (needed with `loss.ratio_ref
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -38,10 +39,6 @@ def sequence_ratio(trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tenso
     return torch.exp(summed).expand_as(trainer_logprobs)  # [B, T]
 
 
-def _cap_problems(key: str, cap: float) -> list[str]:
-    return failed((cap > 0, f"loss.correction.{key}={cap}: must be > 0"))
-
-
 def _truncated(ratio: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor]:
     """min(ratio, cap), and the tokens the cap reached. [B, T] -> [B, T], [B, T]"""
     weight = ratio.clamp(max=cap)
@@ -55,75 +52,70 @@ def _masked(ratio: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor
 
 
 @dataclass(kw_only=True)
-class TokenTruncate:
+class CappedRatio:
+    """The four modes with one cap: the ratio per token or per completion (`per_sequence`), truncated at the cap or
+    masked past it (`masks`). Each mode below is this with its two choices fixed and its own default cap."""
+
+    per_sequence: ClassVar[bool]
+    masks: ClassVar[bool]
+    cap: float = 2.0
+
+    def config_problems(self) -> list[str]:
+        return failed((self.cap > 0, f"loss.correction.cap={self.cap}: must be > 0"))
+
+    def weights(self, trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
+                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ratio = (sequence_ratio(trainer_logprobs, sampler_logprobs, mask) if self.per_sequence
+                 else token_ratio(trainer_logprobs, sampler_logprobs))  # [B, T]
+        return _masked(ratio, self.cap) if self.masks else _truncated(ratio, self.cap)
+
+
+@dataclass(kw_only=True)
+class TokenTruncate(CappedRatio):
     """min(r, cap) per token: truncated importance sampling, the default.
 
     Args:
         cap: The largest weight a token gets.
     """
 
+    per_sequence, masks = False, False
     cap: float = 2.0
-
-    def config_problems(self) -> list[str]:
-        return _cap_problems("cap", self.cap)
-
-    def weights(self, trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
-                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _truncated(token_ratio(trainer_logprobs, sampler_logprobs), self.cap)
 
 
 @dataclass(kw_only=True)
-class TokenMask:
+class TokenMask(CappedRatio):
     """r per token, 0 where r > cap.
 
     Args:
         cap: Tokens whose ratio exceeds it get no loss.
     """
 
+    per_sequence, masks = False, True
     cap: float = 2.0
-
-    def config_problems(self) -> list[str]:
-        return _cap_problems("cap", self.cap)
-
-    def weights(self, trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
-                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _masked(token_ratio(trainer_logprobs, sampler_logprobs), self.cap)
 
 
 @dataclass(kw_only=True)
-class SequenceTruncate:
+class SequenceTruncate(CappedRatio):
     """min(r_seq, cap) on every token of a completion, r_seq its likelihood ratio.
 
     Args:
         cap: The largest weight a completion gets.
     """
 
+    per_sequence, masks = True, False
     cap: float = 2.0
-
-    def config_problems(self) -> list[str]:
-        return _cap_problems("cap", self.cap)
-
-    def weights(self, trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
-                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _truncated(sequence_ratio(trainer_logprobs, sampler_logprobs, mask), self.cap)
 
 
 @dataclass(kw_only=True)
-class SequenceMask:
+class SequenceMask(CappedRatio):
     """r_seq on every token of a completion, the whole completion 0 where r_seq > cap (TRL's default mode).
 
     Args:
         cap: Completions whose likelihood ratio exceeds it get no loss (TRL's default: 3.0).
     """
 
+    per_sequence, masks = True, True
     cap: float = 3.0
-
-    def config_problems(self) -> list[str]:
-        return _cap_problems("cap", self.cap)
-
-    def weights(self, trainer_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
-                mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return _masked(sequence_ratio(trainer_logprobs, sampler_logprobs, mask), self.cap)
 
 
 @dataclass(kw_only=True)

@@ -93,7 +93,24 @@ def _clip(ratio: torch.Tensor, advantages: torch.Tensor, weight: torch.Tensor, l
 
 
 @dataclass(kw_only=True)
-class ClippedSurrogate:
+class TrustRegion:
+    """What the two clipping objectives share: the region [1 - clip_low, 1 + clip_high] their ratio is clipped to,
+    and its rule."""
+
+    clip_low: float = 0.2
+    clip_high: float = 0.28
+
+    def config_problems(self) -> list[str]:
+        return failed((self.clip_low >= 0 and self.clip_high >= 0,
+                       f"loss.objective.clip_low={self.clip_low}, loss.objective.clip_high={self.clip_high}: must be >= 0"))
+
+    @property
+    def trust_region(self) -> tuple[float, float] | None:
+        return (self.clip_low, self.clip_high)
+
+
+@dataclass(kw_only=True)
+class ClippedSurrogate(TrustRegion):
     """PPO's clipped surrogate with a ratio per token.
 
     Args:
@@ -104,13 +121,6 @@ class ClippedSurrogate:
     clip_low: float = 0.2
     clip_high: float = 0.28
 
-    def config_problems(self) -> list[str]:
-        return _clip_problems(self.clip_low, self.clip_high)
-
-    @property
-    def trust_region(self) -> tuple[float, float] | None:
-        return (self.clip_low, self.clip_high)
-
     def surrogate(self, new_logprobs: torch.Tensor, reference: torch.Tensor, advantages: torch.Tensor,
                   mask: torch.Tensor, weight: torch.Tensor) -> Surrogate:
         ratio = torch.exp(new_logprobs - reference)  # [B, T]
@@ -118,7 +128,7 @@ class ClippedSurrogate:
 
 
 @dataclass(kw_only=True)
-class SequenceRatio:
+class SequenceRatio(TrustRegion):
     """GSPO: one ratio per completion, exp of the mean log-ratio of its own tokens, clipped as a whole.
 
     Args:
@@ -128,13 +138,6 @@ class SequenceRatio:
 
     clip_low: float = 3e-4
     clip_high: float = 4e-4
-
-    def config_problems(self) -> list[str]:
-        return _clip_problems(self.clip_low, self.clip_high)
-
-    @property
-    def trust_region(self) -> tuple[float, float] | None:
-        return (self.clip_low, self.clip_high)
 
     def surrogate(self, new_logprobs: torch.Tensor, reference: torch.Tensor, advantages: torch.Tensor,
                   mask: torch.Tensor, weight: torch.Tensor) -> Surrogate:
@@ -171,10 +174,7 @@ class ClippedWeights:
         return Surrogate(per_token=per_token, unclipped=unclipped, clipped=clipped, ratio=ratio)
 
 
-def _clip_problems(low: float, high: float) -> list[str]:
-    return failed((low >= 0 and high >= 0, f"loss.objective.clip_low={low}, loss.objective.clip_high={high}: must be >= 0"))
-
-
+@dataclass(kw_only=True)
 class PolicyGradientLoss:
     """Group advantages, an objective, the sampling correction, KL and entropy terms, one aggregation.
 
@@ -191,30 +191,16 @@ class PolicyGradientLoss:
         entropy_floor: The bonus only for completions whose mean entropy per token is below this (nats); None: all.
     """
 
-    def __init__(
-        self,
-        *,
-        objective: Objective,
-        correction: SamplingCorrection | None = None,
-        aggregation: Aggregation = "sequence_mean",
-        normalize_std: bool = True,
-        kl_coef: float = 0.0,
-        max_tokens: int | None = None,
-        mask_truncated: bool = False,
-        ratio_reference: RatioReference = "policy",
-        entropy_coef: float = 0.0,
-        entropy_floor: float | None = None,
-    ) -> None:
-        self.objective = objective
-        self.correction = correction
-        self.aggregation: Aggregation = aggregation
-        self.normalize_std = normalize_std
-        self.kl_coef = kl_coef
-        self.max_tokens = max_tokens
-        self.mask_truncated = mask_truncated
-        self.ratio_reference = ratio_reference
-        self.entropy_coef = entropy_coef
-        self.entropy_floor = entropy_floor
+    objective: Objective
+    correction: SamplingCorrection | None = None
+    aggregation: Aggregation = "sequence_mean"
+    normalize_std: bool = True
+    kl_coef: float = 0.0
+    max_tokens: int | None = None
+    mask_truncated: bool = False
+    ratio_reference: RatioReference = "policy"
+    entropy_coef: float = 0.0
+    entropy_floor: float | None = None
 
     def config_problems(self) -> list[str]:
         own = failed(

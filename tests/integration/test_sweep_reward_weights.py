@@ -2,16 +2,13 @@
 sweeps/optuna_reward_weights.yaml really searches: three trials, the best one named on the parent."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from mlflow.tracking import MlflowClient
 
-from tests.conftest import CONF, REPO, TINY
+from tests.conftest import CONF, TINY
+from tests.sweep_runs import run_sweep
 
 TERMS = ("task", "latency_ms", "generated_tokens", "kv_memory_mb", "spec_accept_rate", "cache_reuse")
 
@@ -27,19 +24,9 @@ def test_the_sweep_crosses_delta_and_beta(monkeypatch) -> None:
 
 def test_reward_weights_gives_a_child_per_setting_with_each_term(tmp_path: Path) -> None:
     overrides = [*TINY, "trainer.steps=1", "run.eval_size=2"]
-    store = f"sqlite:///{tmp_path}/mlflow.db"
     # No `-m`: the sweep sets hydra.mode. β pinned (a CLI value replaces a swept one): two engine starts, not four.
-    proc = subprocess.run(
-        [sys.executable, "-m", "grpo_pipe", "+sweeps=reward_weights", "reward.token_weight=0.01",
-         *overrides, f"logger.tracking_uri={store}", f"logger.artifact_location={tmp_path}/artifacts",
-         f"hydra.sweep.dir={tmp_path}/sweep"],
-        cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"},
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    client = MlflowClient(tracking_uri=store)
-    runs = client.search_runs([client.get_experiment_by_name("grpo_pipe").experiment_id])
-    parents = [r for r in runs if r.data.tags.get("grpo_pipe.role") == "parent"]
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    runs = run_sweep(tmp_path, ["+sweeps=reward_weights", "reward.token_weight=0.01", *overrides])
+    client, parents, children = runs.client, runs.parents, runs.children
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
     settings = sorted((c.data.params["reward.spec_accept_weight"], c.data.params["reward.token_weight"])
                       for c in children)
@@ -61,20 +48,11 @@ def test_reward_weights_gives_a_child_per_setting_with_each_term(tmp_path: Path)
 
 def test_optuna_sweep_runs_three_trials_and_names_the_best_on_the_parent(tmp_path: Path) -> None:
     """Optuna's own best trial and the parent's best child are the same run and value."""
-    store = f"sqlite:///{tmp_path}/mlflow.db"
     # Without speculation the engine may live in this process (the grid sweep's reason for a process of its own).
     cheap = ["trainer.steps=1", "run.eval_size=2", "rollout.features.speculative_config=null", "rollout.layout.in_process=true",
              "weight_bridge=reload", "hydra.sweeper.n_trials=3", "run.objective=eval/reward/mean"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "grpo_pipe", "+sweeps=optuna_reward_weights", *TINY, *cheap,
-         f"logger.tracking_uri={store}", f"logger.artifact_location={tmp_path}/artifacts", f"hydra.sweep.dir={tmp_path}/sweep"],
-        cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"},
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    client = MlflowClient(tracking_uri=store)
-    runs = client.search_runs([client.get_experiment_by_name("grpo_pipe").experiment_id])
-    parent = next(r for r in runs if r.data.tags.get("grpo_pipe.role") == "parent")
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    runs = run_sweep(tmp_path, ["+sweeps=optuna_reward_weights", *TINY, *cheap])
+    client, parent, children = runs.client, runs.parents[0], runs.children
     assert len(children) == 3 and all(c.info.status == "FINISHED" for c in children)
     finals = {c.info.run_id: c.data.metrics["eval/reward/mean"] for c in children}
     parent = client.get_run(parent.info.run_id)

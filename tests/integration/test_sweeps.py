@@ -2,16 +2,14 @@
 the comparison of the bridges on the parent."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
-from tests.conftest import CONF, REPO, SWEEPS, TINY
+from tests.conftest import CONF, SWEEPS, TINY
+from tests.sweep_runs import run_sweep
 
 SWEEP_NAMES = sorted(p.stem for p in SWEEPS.glob("*.yaml"))
 
@@ -25,18 +23,8 @@ def test_sweep_composes_with_params(sweep: str, monkeypatch) -> None:
 
 def test_compare_bridges_gives_a_child_per_bridge_with_sync_metrics(tmp_path: Path) -> None:
     overrides = [*TINY, "trainer.optimisation.lr=1e-3", "run.eval_size=4"]
-    store = f"sqlite:///{tmp_path}/mlflow.db"
-    proc = subprocess.run(
-        [sys.executable, "-m", "grpo_pipe", "+sweeps=compare_bridges", "trainer.steps=2", *overrides,  # no -m: it sets it
-         f"logger.tracking_uri={store}", f"logger.artifact_location={tmp_path}/artifacts",
-         f"hydra.sweep.dir={tmp_path}/sweep"],
-        cwd=REPO, capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "200"},
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    client = MlflowClient(tracking_uri=store)
-    runs = client.search_runs([client.get_experiment_by_name("grpo_pipe").experiment_id])
-    parents = [r for r in runs if r.data.tags.get("grpo_pipe.role") == "parent"]
-    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    runs = run_sweep(tmp_path, ["+sweeps=compare_bridges", "trainer.steps=2", *overrides])  # no -m: it sets it
+    client, parents, children = runs.client, runs.parents, runs.children
     assert len(parents) == 1 and {c.data.tags["mlflow.parentRunId"] for c in children} == {parents[0].info.run_id}
     bridges = sorted(c.data.params["weight_bridge._target_"].rsplit(".", 1)[-1] for c in children)
     assert bridges == ["BroadcastBridge", "CheckpointRestartBridge", "LoraHotSwapBridge", "ReloadBridge"]
@@ -52,7 +40,7 @@ def test_compare_bridges_gives_a_child_per_bridge_with_sync_metrics(tmp_path: Pa
     _assert_the_parent_compares_the_bridges(client, parents[0], children, tmp_path)
     # the end of the sweep prints the parent run's link whole, on a line of its own
     link = f"/#/experiments/{parents[0].info.experiment_id}/runs/{parents[0].info.run_id}"
-    assert f"  the parent run: http://127.0.0.1:5000{link}\n" in proc.stdout, proc.stdout[-2000:]
+    assert f"  the parent run: http://127.0.0.1:5000{link}\n" in runs.output, runs.output[-2000:]
 
 
 def _assert_the_parent_compares_the_bridges(client: MlflowClient, parent, children, tmp_path: Path) -> None:

@@ -16,23 +16,17 @@ from grpo_pipe.environments.chat_glue import ChatGlue
 from grpo_pipe.environments.tool_environment import ToolEnvironment
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.types import Task
+from tests.fixtures.calculator_demo import DEMONSTRATION, SYSTEM
 
 trl = pytest.importorskip("trl", reason="the TRL peer needs `pip install trl==1.16.0` (the `peer` extra)")
 datasets = pytest.importorskip("datasets")
 
-SYSTEM = "Solve it with the calculator. End with #### <number>"
-DEMONSTRATION = [
-    {"role": "user", "content": "Calculate 3 * 25."},
-    {"role": "assistant", "content": "<calculator>3 * 25</calculator>"},
-    {"role": "tool", "content": "<tool_response>75</tool_response>"},
-    {"role": "assistant", "content": "#### 75"},
-]
 TASKS = [Task(uid=f"t/{i}", question=f"Calculate {i} * 12.", answer=str(i * 12)) for i in range(8)]
 
 
 def _peer(model_path: Path) -> tuple[ToolEnvironment, ToolPeer]:
     episodes = ToolEnvironment(tools=["calculator"], tool_options={"calculator": {"max_operations": 1}},
-                            demonstration=DEMONSTRATION, max_turns=3, max_episode_tokens=48)
+                               demonstration=DEMONSTRATION, max_turns=3, max_episode_tokens=48)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     episodes.setup(tokenizer, SYSTEM, 512)
     return episodes, tool_peer(episodes, tokenizer, SYSTEM)

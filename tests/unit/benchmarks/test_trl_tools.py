@@ -16,14 +16,8 @@ from grpo_pipe.environments.tool_environment import ToolEnvironment
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.types import Task
 from tests.conftest import REPO
+from tests.fixtures.calculator_demo import DEMONSTRATION, SYSTEM
 
-SYSTEM = "Solve it with the calculator. End with #### <number>"
-DEMONSTRATION = [
-    {"role": "user", "content": "Calculate 14 + 3 * 25."},
-    {"role": "assistant", "content": "<calculator>3 * 25</calculator>"},
-    {"role": "tool", "content": "<tool_response>75</tool_response>"},
-    {"role": "assistant", "content": "#### 89"},
-]
 TASKS = [Task(uid=f"t/{i}", question=f"Calculate {i} * 12 + 7.", answer=str(i * 12 + 7)) for i in range(5)]
 # SmolLM2-135M-Instruct's own chat template: ChatML that adds a system message where a conversation has none.
 SMOLLM2_TEMPLATE = (
@@ -44,7 +38,7 @@ def tokenizer(request: pytest.FixtureRequest) -> Any:
 
 def _episodes(tokenizer: Any, **settings: Any) -> ToolEnvironment:
     episodes = ToolEnvironment(tools=["calculator"], tool_options={"calculator": {"max_operations": 1}},
-                            demonstration=DEMONSTRATION, **settings)
+                               demonstration=DEMONSTRATION, **settings)
     episodes.setup(tokenizer, SYSTEM, 1024)
     return episodes
 
