@@ -47,11 +47,21 @@ class AdapterTransport(Protocol):
 
     def send(self, policy: AdapterPolicy, name: str, version: int) -> tuple[float, int]:
         """Hand the policy's adapter to the engine as `version`, serve it; returns (seconds until the engine
-        took over, bytes moved)."""
+        took over, bytes moved).
+
+        Args:
+            policy: The trained policy whose adapter weights are sent.
+            name: The adapter's name in the engine.
+            version: The policy version the adapter is served as.
+        """
         ...
 
     def forget(self, version: int) -> None:
-        """Drop what this transport kept for an adapter the engine no longer serves."""
+        """Drop what this transport kept for an adapter the engine no longer serves.
+
+        Args:
+            version: The adapter version no longer served.
+        """
 
     def close(self) -> None: ...
 

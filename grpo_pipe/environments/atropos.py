@@ -58,7 +58,14 @@ class EnvironmentCommands(Protocol):
 
     def config_problems(self) -> list[str]: ...
 
-    def commands(self, sampling: SamplingSettings, max_model_len: int) -> list[list[str]]: ...
+    def commands(self, sampling: SamplingSettings, max_model_len: int) -> list[list[str]]:
+        """The environment processes' command lines for this run.
+
+        Args:
+            sampling: The run's sampling settings (temperature, token budget) the workers sample with.
+            max_model_len: The engine's limit on prompt plus completion tokens.
+        """
+        ...
 
 
 class AtroposEnvironment:

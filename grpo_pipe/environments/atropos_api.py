@@ -5,6 +5,11 @@ Waiting is never silent and never endless: while no batch is ready the client sa
 the server's queue; past `timeout_s` it raises `NoBatch`. A server that goes away is waited for (said so), and a server
 that came back without its memory (it keeps everything in memory) is registered with again; the run's `stop` event
 ends any wait at once.
+
+The API server and the environment processes die with the run however it ends: each is started under an undertaker
+(`runtime.undertaker`), which kills it and its descendants once the run's process is gone, a SIGKILL included (they
+are ordinary child processes: a run killed so left them running, the server for good), and which a normal stop
+dismisses once it has stopped them itself.
 """
 
 from __future__ import annotations
@@ -23,7 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import yaml
+
+from grpo_pipe.runtime.undertaker import Undertaker, watch
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +136,7 @@ class AtroposServer:
         self.port = port or free_port(host)
         self.log_path = log_path  # its output (uvicorn logs every request): a file, never a pipe nobody reads
         self.process: subprocess.Popen[bytes] | None = None
+        self._undertaker: Undertaker | None = None
 
     @property
     def url(self) -> str:
@@ -138,6 +147,7 @@ class AtroposServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as out:
             self.process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        self._undertaker = dies_with_the_run(self.process)
         deadline = time.monotonic() + ready_timeout_s
         while not _answers(self.url):
             if self.process.poll() is not None:
@@ -149,14 +159,25 @@ class AtroposServer:
             time.sleep(0.1)
 
     def stop(self, grace_s: float = 5.0) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        self.process.terminate()
-        try:
-            self.process.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self._undertaker is not None:  # only once the server is stopped: until then it is the undertaker's to stop
+            self._undertaker.dismiss()
+            self._undertaker = None
+
+
+def dies_with_the_run(process: subprocess.Popen[bytes]) -> Undertaker | None:
+    """An undertaker for `process` and its descendants (`runtime.undertaker`): killed once this process is gone, however
+    it went. None when `process` has exited already (its exit is reported where it is waited for)."""
+    try:
+        return watch([psutil.Process(process.pid)])
+    except psutil.NoSuchProcess:
+        return None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -236,6 +257,7 @@ class EnvironmentProcesses:
         self.env = dict(env or {})
         self.restarts = 0
         self.processes: list[subprocess.Popen[bytes] | None] = [None] * len(self.commands)
+        self._undertakers: list[Undertaker | None] = [None] * len(self.commands)  # one per process, started with it
 
     def start(self) -> None:
         # atroposlib prints its server settings at start, the endpoint's token among them, into the process's log:
@@ -271,6 +293,8 @@ class EnvironmentProcesses:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        for index in range(len(self._undertakers)):
+            self._dismiss(index)
 
     def command(self, index: int) -> list[str]:
         """Process `index`'s command line: its own, the run's connection flags, and where atroposlib's
@@ -302,10 +326,17 @@ class EnvironmentProcesses:
 
     def _start(self, index: int) -> None:
         command = self.command(index)
+        self._dismiss(index)  # a restart: the process it watched has exited
         descriptor = os.open(self._log(index), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with os.fdopen(descriptor, "ab") as out:
-            self.processes[index] = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
-                                                     env={**os.environ, **self.env})
+            process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **self.env})
+        self.processes[index] = process
+        self._undertakers[index] = dies_with_the_run(process)
+
+    def _dismiss(self, index: int) -> None:
+        undertaker, self._undertakers[index] = self._undertakers[index], None
+        if undertaker is not None:
+            undertaker.dismiss()
 
     def _log(self, index: int) -> Path:
         return self.log_dir / f"environment-{index}.log"

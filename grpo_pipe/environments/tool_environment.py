@@ -52,13 +52,38 @@ class CallFormat(Protocol):
 
     template_renders_tools: bool
 
-    def stop_strings(self, tools: Sequence[Tool]) -> list[str]: ...
+    def stop_strings(self, tools: Sequence[Tool]) -> list[str]:
+        """Where the engine stops a turn: the end of a call, so the result comes next.
 
-    def instructions(self, tools: Sequence[Tool]) -> str: ...
+        Args:
+            tools: The episode's tools.
+        """
+        ...
 
-    def parse(self, text: str, tools: Sequence[Tool]) -> ParsedTurn: ...
+    def instructions(self, tools: Sequence[Tool]) -> str:
+        """What the system prompt says about calling the tools (empty where the chat template renders them).
 
-    def result_message(self, result: str) -> dict[str, str]: ...
+        Args:
+            tools: The episode's tools.
+        """
+        ...
+
+    def parse(self, text: str, tools: Sequence[Tool]) -> ParsedTurn:
+        """The calls in a model turn (and a final answer, or a malformed call).
+
+        Args:
+            text: The turn's text as the model wrote it.
+            tools: The episode's tools, to tell a call from text.
+        """
+        ...
+
+    def result_message(self, result: str) -> dict[str, str]:
+        """The chat message that gives the model a tool's result.
+
+        Args:
+            result: The tool's result (or error) as text.
+        """
+        ...
 
 
 @dataclass(kw_only=True)

@@ -12,7 +12,13 @@ class ShardedTraining(Protocol):
 
     world_size: int
 
-    def gpus_needed(self, cuda: bool) -> int: ...
+    def gpus_needed(self, cuda: bool) -> int:
+        """GPUs the ranks reserve.
+
+        Args:
+            cuda: Whether the machine has GPUs (none are reserved on a CPU cluster).
+        """
+        ...
 
 
 def gpu_problems(needs: Mapping[str, int], available: int) -> list[str]:

@@ -47,7 +47,12 @@ class RunningCore(Protocol):
         ...
 
     def between_steps(self, step: Callable[[], list[Any]], work: Callable[[], None]) -> list[Any]:
-        """Run `work` where no engine step is computing; returns the request outputs `step` is to return."""
+        """Run `work` where no engine step is computing; returns the request outputs `step` is to return.
+
+        Args:
+            step: The engine core's own step.
+            work: What must land between two steps (a weight update).
+        """
         ...
 
 

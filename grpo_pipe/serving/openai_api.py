@@ -7,6 +7,9 @@ Every answer carries the tokens exactly as the engine sampled them (`token_ids`,
 `version_switches` where a sync landed mid-sample), so a trainer never has to re-tokenise text that came back over
 HTTP. Log-probs are the sampled token's only: a request for top alternatives gets that one entry (the engine computes
 no others). Every route wants `Authorization: Bearer <token>`.
+
+A test holds the n-th generation request of the process at `environment_request@n` (`runtime.halt`): received, not yet
+handed to the engine; the one request waits on a thread of its own while the others are served.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from grpo_pipe.runtime.env import halt_request
+from grpo_pipe.runtime.halt import halt_point
 from grpo_pipe.serving.batcher import EndpointClosed, RequestBatcher, SamplingKey
 from grpo_pipe.serving.batcher import Request as EngineRequest
 from grpo_pipe.types import Completion
@@ -94,6 +99,11 @@ def build_app(batcher: RequestBatcher, model: ServedModel, token: str, timeout_s
     """The FastAPI app; `token` is the bearer token every route wants."""
     app = FastAPI(title="grpo_pipe engine endpoint", docs_url=None, redoc_url=None, openapi_url=None)
     auth = _bearer(token)
+    numbers = itertools.count(1)  # the generation requests served, numbered for the held point
+
+    async def sample(ids: tuple[int, ...], body: SamplingFields) -> list[Completion]:
+        await _held_if_asked(next(numbers))
+        return await _generate(batcher, model, ids, body, timeout_s)
 
     @app.exception_handler(BadRequest)
     async def bad_request(_: Request, err: BadRequest) -> JSONResponse:
@@ -122,7 +132,7 @@ def build_app(batcher: RequestBatcher, model: ServedModel, token: str, timeout_s
     @app.post("/v1/completions", dependencies=[Depends(auth)])
     async def completions(body: CompletionRequest) -> dict[str, Any]:
         prompts = [_checked(model, ids, body) for ids in _completion_prompts(model, body.prompt)]
-        outputs = await asyncio.gather(*[_generate(batcher, model, ids, body, timeout_s) for ids in prompts])
+        outputs = await asyncio.gather(*[sample(ids, body) for ids in prompts])
         choices = [_completion_choice(model, i * body.n + j, ids, c, body.logprobs)
                    for i, (ids, samples) in enumerate(zip(prompts, outputs)) for j, c in enumerate(samples)]
         return _envelope("text_completion", model, choices, prompts)
@@ -130,7 +140,7 @@ def build_app(batcher: RequestBatcher, model: ServedModel, token: str, timeout_s
     @app.post("/v1/chat/completions", dependencies=[Depends(auth)])
     async def chat(body: ChatRequest) -> dict[str, Any]:
         ids = _checked(model, _chat_prompt(model, body), body)
-        samples = await _generate(batcher, model, ids, body, timeout_s)
+        samples = await sample(ids, body)
         choices = [_chat_choice(model, j, c, body.logprobs) for j, c in enumerate(samples)]
         return {**_envelope("chat.completion", model, choices, [ids]), "prompt_token_ids": list(ids)}
 
@@ -140,7 +150,7 @@ def build_app(batcher: RequestBatcher, model: ServedModel, token: str, timeout_s
         if raw is None:
             raise BadRequest("prompt: give text or {'prompt_token_ids': [...]}")
         ids = _checked(model, _encode(model, raw) if isinstance(raw, str) else tuple(raw), body)
-        samples = await _generate(batcher, model, ids, body, timeout_s)
+        samples = await sample(ids, body)
         return {
             "text": [c.text for c in samples],
             "token_ids": [list(c.token_ids) for c in samples],
@@ -154,7 +164,7 @@ def build_app(batcher: RequestBatcher, model: ServedModel, token: str, timeout_s
     @app.post("/inference/v1/generate", dependencies=[Depends(auth)])
     async def generate_tokens(body: TokensRequest) -> dict[str, Any]:
         ids = _checked(model, tuple(body.token_ids), body.sampling_params)
-        samples = await _generate(batcher, model, ids, body.sampling_params, timeout_s)
+        samples = await sample(ids, body.sampling_params)
         return {"request_id": f"gen-{uuid.uuid4().hex}", "prompt_token_ids": list(ids),
                 "choices": [_tokens_choice(j, c) for j, c in enumerate(samples)]}
 
@@ -217,6 +227,12 @@ def _checked(model: ServedModel, ids: tuple[int, ...], body: SamplingFields) -> 
 
 def _max_tokens(model: ServedModel, body: SamplingFields) -> int:
     return body.max_completion_tokens or body.max_tokens or model.default_max_tokens
+
+
+async def _held_if_asked(number: int) -> None:
+    """Hold request `number` when a test asks for `environment_request@<number>`; a real run pays one lookup."""
+    if halt_request() is not None:
+        await asyncio.to_thread(halt_point, "environment_request", number)  # blocks this request, not the event loop
 
 
 async def _generate(batcher: RequestBatcher, model: ServedModel, ids: tuple[int, ...], body: SamplingFields,

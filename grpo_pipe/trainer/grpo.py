@@ -48,9 +48,19 @@ log = logging.getLogger(__name__)
 
 
 class TrainablePolicy(Protocol):
+    """What the trainer needs of the `policy` group: a module to train, its trainable weights, a frozen reference."""
+
     module: torch.nn.Module | None
 
-    def load(self, model_path: Path, device: torch.device, dtype: torch.dtype) -> None: ...
+    def load(self, model_path: Path, device: torch.device, dtype: torch.dtype) -> None:
+        """Load the model (and wrap it: a LoRA adapter, FSDP shards) onto the device.
+
+        Args:
+            model_path: The model's Hugging Face folder.
+            device: Where the trainer runs.
+            dtype: The master weights' dtype.
+        """
+        ...
 
     def trainable_parameters(self) -> list[torch.nn.Parameter]: ...
 
@@ -58,7 +68,11 @@ class TrainablePolicy(Protocol):
         """Keep what `reference_logits` needs (the frozen starting weights); called once after load."""
 
     def reference_logits(self, inputs: Mapping[str, Any]) -> torch.Tensor:
-        """The frozen starting policy's logits for these forward arguments, without gradients."""
+        """The frozen starting policy's logits for these forward arguments, without gradients.
+
+        Args:
+            inputs: The model's forward arguments (input ids, positions or attention mask, `logits_to_keep`).
+        """
         ...
 
 

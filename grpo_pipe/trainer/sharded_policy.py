@@ -27,7 +27,14 @@ class _Ranks(Protocol):
     @property
     def tie_word_embeddings(self) -> bool: ...
 
-    def collect(self, method: str, *args: Any) -> Any: ...
+    def collect(self, method: str, *args: Any) -> Any:
+        """Call `method` on every rank and gather what they return.
+
+        Args:
+            method: The rank's method to call.
+            *args: Its arguments, the same on every rank.
+        """
+        ...
 
 
 class ShardedPolicy:

@@ -30,7 +30,14 @@ class Group(Protocol):
     """What this module uses of a c10d backend (ProcessGroupGloo / ProcessGroupNCCL). torch's stubs leave
     the collectives out of those classes, though the objects have them."""
 
-    def broadcast(self, tensor: torch.Tensor, root: int) -> dist.Work: ...
+    def broadcast(self, tensor: torch.Tensor, root: int) -> dist.Work:
+        """Send `tensor` from rank `root` to every rank of the group, in place.
+
+        Args:
+            tensor: The buffer: sent on the root, received on the others.
+            root: The sending rank.
+        """
+        ...
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import pkgutil
 import re
 import subprocess
 import sys
@@ -81,3 +82,21 @@ def test_every_component_on_the_api_page_documents_each_argument() -> None:
         elif inspect.isclass(obj) and obj.__init__ is not object.__init__:
             problems += _undocumented(obj, name, _parameters(obj.__init__))
     assert len(names) > 60 and not problems, "\n".join(problems)
+
+
+def test_every_protocol_method_in_the_package_documents_each_argument() -> None:
+    """A Protocol is where a user writing their own component reads what each argument is."""
+    import grpo_pipe
+
+    problems: list[str] = []
+    for info in pkgutil.walk_packages(grpo_pipe.__path__, "grpo_pipe."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for name, obj in vars(module).items():
+            if inspect.isclass(obj) and obj.__module__ == module.__name__ and getattr(obj, "_is_protocol", False):
+                problems += [problem for method_name, method in vars(obj).items()
+                             if not method_name.startswith("_") and inspect.isfunction(method)
+                             for problem in _undocumented(method, f"{info.name}.{name}.{method_name}",
+                                                          _parameters(method))]
+    assert not problems, "\n".join(problems)
