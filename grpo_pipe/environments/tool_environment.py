@@ -48,7 +48,7 @@ log = logging.getLogger(__name__)
 
 
 class CallFormat(Protocol):
-    """How calls are written and read (`episodes.call_formats`)."""
+    """How calls are written and read (`environments/call_formats.py`)."""
 
     template_renders_tools: bool
 
