@@ -14,28 +14,45 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, kw_only=True)
 class Task:
-    """One prompt source item: a question and the reference answer used to score it."""
+    """One prompt source item: a question and the reference answer used to score it.
 
-    uid: str  # stable id across epochs and resumes, e.g. "gsm8k/train/17"
+    Args:
+        uid: Stable id across epochs and resumes, e.g. "gsm8k/train/17".
+        question: The question as the model reads it.
+        answer: Reference final answer, already extracted (e.g. "72").
+        metadata: Extra dataset columns (difficulty, source, test cases, ...): rewards receive them per completion.
+        messages: A chat-style prompt ({"role", "content"} messages) that replaces system prompt + question when
+            set.
+    """
+
+    uid: str
     question: str
-    answer: str  # reference final answer, already extracted (e.g. "72")
-    # Extra dataset columns (difficulty, source, test cases, ...): rewards receive them per completion.
+    answer: str
     metadata: Mapping[str, Any] = field(default_factory=dict, hash=False)
-    # A chat-style prompt ({"role", "content"} messages) that replaces system prompt + question when set.
     messages: tuple[Mapping[str, str], ...] | None = field(default=None, hash=False)
 
 
 @dataclass(frozen=True, kw_only=True)
 class RequestTelemetry:
-    """Per-request numbers reported by the engine itself (never estimated by us)."""
+    """Per-request numbers reported by the engine itself (never estimated by us).
+
+    Args:
+        prompt_tokens: Tokens of the request's prompt.
+        generated_tokens: Tokens the engine generated for it.
+        cached_prompt_tokens: Prefix-cache hits for this request's prompt.
+        queued_s: When the engine queued the request; None when the engine does not report timestamps.
+        first_token_s: When the engine produced the first token; None when not reported.
+        last_token_s: When it produced the last one; None when not reported.
+        spec_acceptance_rate: The share of draft tokens the engine accepted; None without speculative decoding.
+    """
 
     prompt_tokens: int
     generated_tokens: int
-    cached_prompt_tokens: int  # prefix-cache hits for this request's prompt
-    queued_s: float | None = None  # engine timestamps; None when the engine does not report them
+    cached_prompt_tokens: int
+    queued_s: float | None = None
     first_token_s: float | None = None
     last_token_s: float | None = None
-    spec_acceptance_rate: float | None = None  # None without speculative decoding
+    spec_acceptance_rate: float | None = None
 
     @property
     def latency_s(self) -> float | None:
@@ -47,22 +64,32 @@ class RequestTelemetry:
 
 @dataclass(frozen=True, kw_only=True)
 class Completion:
-    """One sampled answer to a prompt."""
+    """One sampled answer to a prompt.
 
-    token_ids: tuple[int, ...]  # [T] generated tokens, EOS included when it was sampled
-    logprobs: tuple[float, ...]  # [T] log-probability of each token under the sampling policy
+    Args:
+        token_ids: [T] generated tokens, EOS included when it was sampled.
+        logprobs: [T] log-probability of each token under the sampling policy.
+        text: The completion decoded (for a checker and for people).
+        finish_reason: "stop" | "length" | "abort".
+        policy_version: Version of the weights that generated its first token.
+        telemetry: What the engine reported for the request.
+        version_switches: ((token index, version), ...): where newer weights took over mid-sample (in-flight weight
+            updates, or a sync that landed between two turns of an episode)
+        sampled_by_model: [T] True where the engine sampled the token, False where the environment put it (tool
+            results and the chat template's glue between turns): those get no loss, no advantage, no place in any
+            normaliser. None: one turn, every token sampled.
+        episode: What happened in a multi-turn episode (None: one turn).
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
     text: str
-    finish_reason: str  # "stop" | "length" | "abort"
-    policy_version: int  # version of the weights that generated its first token
+    finish_reason: str
+    policy_version: int
     telemetry: RequestTelemetry
-    # ((token index, version), ...): where newer weights took over mid-sample (in-flight weight updates, or a
-    # sync that landed between two turns of an episode)
     version_switches: tuple[tuple[int, int], ...] = ()
-    # [T] True where the engine sampled the token, False where the environment put it (tool results and the chat
-    # template's glue between turns): those get no loss, no advantage, no place in any normaliser. None: one turn,
-    # every token sampled.
     sampled_by_model: tuple[bool, ...] | None = None
-    episode: EpisodeLog | None = None  # what happened in a multi-turn episode (None: one turn)
+    episode: EpisodeLog | None = None
 
     @property
     def loss_mask(self) -> tuple[bool, ...]:
@@ -76,28 +103,48 @@ class Completion:
 
 @dataclass(frozen=True, kw_only=True)
 class Turn:
-    """One turn of an episode as a person reads it: what the model wrote, or what a tool answered."""
+    """One turn of an episode as a person reads it: what the model wrote, or what a tool answered.
 
-    role: str  # "assistant" | "tool"
+    Args:
+        role: Who wrote the turn: "assistant" or "tool".
+        text: What was written in the turn.
+        tool: The tool called (assistant) or answering (tool).
+        outcome: A tool turn: ok | error | timeout | truncated.
+    """
+
+    role: str
     text: str
-    tool: str | None = None  # the tool called (assistant) or answering (tool)
-    outcome: str = "ok"  # a tool turn: ok | error | timeout | truncated
+    tool: str | None = None
+    outcome: str = "ok"
 
 
 @dataclass(frozen=True, kw_only=True)
 class EpisodeLog:
-    """What one multi-turn episode did: its turns, the tools' work and how it ended."""
+    """What one multi-turn episode did: its turns, the tools' work and how it ended.
+
+    Args:
+        turns: Every turn, in order.
+        model_turns: Turns the model wrote.
+        tool_calls: Calls the model made.
+        tool_errors: Calls that failed: a malformed call, an unknown tool, a tool that raised or returned a non-string.
+        tool_timeouts: Calls that ran past the tool's time limit.
+        tool_s: Wall time the episode's tool calls took (the batch waits for the slowest of a turn).
+        environment_tokens: Tokens of the completion the environment put there (masked from the loss).
+        ended_by: How it ended: answer | done (the environment said so) | max_turns | token_budget | length.
+        environment_reward: What an environment that owns the reward gave the episode.
+        answer: The final model turn's text when it called no tool: what a checker grades.
+    """
 
     turns: tuple[Turn, ...]
     model_turns: int
     tool_calls: int = 0
-    tool_errors: int = 0  # a malformed call, an unknown tool, a tool that raised or returned a non-string
+    tool_errors: int = 0
     tool_timeouts: int = 0
-    tool_s: float = 0.0  # wall time the episode's tool calls took (the batch waits for the slowest of a turn)
-    environment_tokens: int = 0  # tokens of the completion the environment put there (masked from the loss)
-    ended_by: str = "answer"  # answer | done (the environment said so) | max_turns | token_budget | length
-    environment_reward: float | None = None  # what an environment that owns the reward gave the episode
-    answer: str = ""  # the final model turn's text when it called no tool: what a checker grades
+    tool_s: float = 0.0
+    environment_tokens: int = 0
+    ended_by: str = "answer"
+    environment_reward: float | None = None
+    answer: str = ""
 
     @property
     def hit_limit(self) -> bool:
@@ -106,9 +153,15 @@ class EpisodeLog:
 
 @dataclass(frozen=True)
 class GeneratedBatch:
-    """What one generation call returned, with when the engine worked on it (wall clock, `time.time()`)."""
+    """What one generation call returned, with when the engine worked on it (wall clock, `time.time()`).
 
-    completions: list[list[Completion]]  # [prompts][samples]
+    Args:
+        completions: [prompts][samples] the completions of each prompt.
+        started_s: When the engine started on it (wall clock).
+        finished_s: When it finished (wall clock).
+    """
+
+    completions: list[list[Completion]]
     started_s: float
     finished_s: float
 
@@ -119,21 +172,34 @@ class GeneratedBatch:
 
 @dataclass(frozen=True)
 class RolloutGroup:
-    """All completions sampled for one task: the unit GRPO normalises advantages over."""
+    """All completions sampled for one task: the unit GRPO normalises advantages over.
+
+    Args:
+        task: The task every completion answers.
+        prompt_token_ids: [P] the prompt's token ids, as the engine saw them.
+        completions: [G] the group's completions.
+    """
 
     task: Task
-    prompt_token_ids: tuple[int, ...]  # [P]
-    completions: tuple[Completion, ...]  # [G]
+    prompt_token_ids: tuple[int, ...]
+    completions: tuple[Completion, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
 class RewardOutput:
-    """Per-completion rewards and the named terms they were built from (logged separately)."""
+    """Per-completion rewards and the named terms they were built from (logged separately).
 
-    values: list[float]  # [N] total reward per completion
-    terms: dict[str, list[float]] = field(default_factory=dict)  # name -> [N]
-    correct: list[bool] | None = None  # [N] when the reward knows about correctness
-    task_values: list[float] | None = None  # [N] the task score alone, when `values` adds serving costs
+    Args:
+        values: [N] total reward per completion.
+        terms: Each named term of the reward, [N] per name.
+        correct: [N] whether each completion is correct, when the reward knows.
+        task_values: [N] the task score alone, when `values` adds serving costs.
+    """
+
+    values: list[float]
+    terms: dict[str, list[float]] = field(default_factory=dict)
+    correct: list[bool] | None = None
+    task_values: list[float] | None = None
 
     @property
     def difficulty_signal(self) -> list[float]:
@@ -143,15 +209,25 @@ class RewardOutput:
 
 @dataclass(frozen=True, kw_only=True)
 class SyncStats:
-    """What one weight synchronisation cost, broken down by phase."""
+    """What one weight synchronisation cost, broken down by phase.
 
-    gather_s: float  # collect / convert trainer weights
-    transport_s: float  # move bytes to the engine (0 for in-process)
-    load_s: float  # engine-side load
-    pause_s: float  # time generation was unavailable
+    Args:
+        gather_s: Seconds to collect and convert the trainer's weights.
+        transport_s: Seconds to move the bytes to the engine (0 in process).
+        load_s: Seconds the engine took to load them.
+        pause_s: Seconds generation was unavailable.
+        bytes_moved: Bytes sent to the engine.
+        policy_version: Version the engine serves afterwards.
+        total_s: Wall time of the whole push, measured by the caller (bridges/contract.py).
+    """
+
+    gather_s: float
+    transport_s: float
+    load_s: float
+    pause_s: float
     bytes_moved: int
-    policy_version: int  # version the engine serves afterwards
-    total_s: float | None = None  # wall time of the whole push, measured by the caller (bridges.contract)
+    policy_version: int
+    total_s: float | None = None
 
     def as_metrics(self) -> dict[str, float]:
         phases = self.gather_s + self.transport_s + self.load_s
@@ -168,15 +244,24 @@ class SyncStats:
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingSettings:
-    """How completions are sampled for training."""
+    """How completions are sampled for training.
+
+    Args:
+        temperature: Sampling temperature (the trainer's log-probs use the same).
+        top_p: Nucleus sampling's mass; only 1.0 is accepted for training (run.top_p).
+        max_tokens: Tokens one completion may generate.
+        seed: When set, prompt i of a call is sampled with its own seed derived from it; None: unseeded.
+        extra: Other vLLM sampling parameters (`run.sampling_extra`), only ones that leave the distribution as it
+            is.
+        max_tokens_each: [prompts] a budget per prompt (an episode's next turn gets what its token budget has left);
+            None: max_tokens.
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 128
-    seed: int | None = None  # set: prompt i of this call is sampled with its own seed derived from it
-    # Other vLLM sampling parameters (`run.sampling_extra`), only ones that leave the distribution as it is.
+    seed: int | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
-    # [prompts] a budget per prompt (an episode's next turn gets what its token budget has left); None: max_tokens
     max_tokens_each: tuple[int, ...] | None = None
 
     def max_tokens_of(self, index: int) -> int:
@@ -200,42 +285,73 @@ class LossStats:
     """Detached statistics of one loss call: sums over its tokens (the trainer adds them over micro-batches
     and divides by the token counts) and maxima. A loss without clipping or importance weights leaves those
     at their defaults. A loss may give 0-dim tensors (nothing is read from the device until the trainer reads a
-    whole pass's statistics at once, trainer/device_values.py) or floats."""
+    whole pass's statistics at once, trainer/device_values.py) or floats.
 
-    tokens: Scalar  # tokens that got a loss
-    clipped_tokens: Scalar = 0.0  # tokens whose surrogate the clip replaced (no gradient)
-    positive_tokens: Scalar = 0.0  # tokens of completions with advantage > 0
-    clipped_positive: Scalar = 0.0  # ... of which clipped (the ratio rose past 1 + clip_high)
-    negative_tokens: Scalar = 0.0  # tokens of completions with advantage < 0
-    clipped_negative: Scalar = 0.0  # ... of which clipped (the ratio fell below 1 - clip_low)
-    kl_sum: Scalar = 0.0  # k3 KL to the frozen reference (kl_coef > 0)
-    ratio_max: Scalar = 1.0  # the largest ratio the clip saw
-    is_weight_sum: Scalar | None = None  # truncated importance weights; None = no weights (1 per token)
-    is_truncated: Scalar = 0.0  # tokens whose importance weight the cap cut
+    Args:
+        tokens: Tokens that got a loss.
+        clipped_tokens: Tokens whose surrogate the clip replaced (no gradient).
+        positive_tokens: Tokens of completions with advantage > 0.
+        clipped_positive: Of those, the clipped ones (the ratio rose past 1 + clip_high).
+        negative_tokens: Tokens of completions with advantage < 0.
+        clipped_negative: Of those, the clipped ones (the ratio fell below 1 - clip_low).
+        kl_sum: The k3 KL to the frozen reference, summed (kl_coef > 0).
+        ratio_max: The largest ratio the clip saw.
+        is_weight_sum: The sampling correction's weights, summed; None: no weights (1 per token).
+        is_truncated: Tokens whose importance weight the cap cut.
+    """
+
+    tokens: Scalar
+    clipped_tokens: Scalar = 0.0
+    positive_tokens: Scalar = 0.0
+    clipped_positive: Scalar = 0.0
+    negative_tokens: Scalar = 0.0
+    clipped_negative: Scalar = 0.0
+    kl_sum: Scalar = 0.0
+    ratio_max: Scalar = 1.0
+    is_weight_sum: Scalar | None = None
+    is_truncated: Scalar = 0.0
 
 
 @dataclass(frozen=True, kw_only=True)
 class TakenBatch:
-    """The next batch to train on, and what it took to get it."""
+    """The next batch to train on, and what it took to get it.
 
-    groups: list[RolloutGroup]  # the groups to train on (stale ones removed under `drop`)
-    staleness: list[int]  # [len(groups)] policy versions each group's weights lag the trainer's
-    dropped: list[tuple[str, int]]  # (task uid, staleness) of groups discarded as too stale
+    Args:
+        groups: The groups to train on (stale ones removed under `drop`).
+        staleness: [len(groups)] policy versions each group's weights lag the trainer's.
+        dropped: (task uid, staleness) of groups discarded as too stale.
+        generated: The generation call the groups came from.
+        wait_s: How long the trainer waited for it.
+        engine_gap_s: How long the engine sat idle between the previous batch and this one.
+        queue_depth: Batches in flight when it was taken (itself included).
+    """
+
+    groups: list[RolloutGroup]
+    staleness: list[int]
+    dropped: list[tuple[str, int]]
     generated: GeneratedBatch
-    wait_s: float  # how long the trainer waited for it
-    engine_gap_s: float  # how long the engine sat idle between the previous batch and this one
-    queue_depth: int  # batches in flight when it was taken (itself included)
+    wait_s: float
+    engine_gap_s: float
+    queue_depth: int
 
 
 @dataclass(kw_only=True)
 class Ledger:
-    """Where every submitted group went. `trained + dropped + in_flight == submitted`, always."""
+    """Where every submitted group went. `trained + dropped + in_flight == submitted`, always.
+
+    Args:
+        submitted: Groups sent to the engine.
+        trained: Groups trained on.
+        dropped: Groups dropped, by reason.
+        in_flight: Groups generated or generating, not yet trained or dropped.
+        repeated: Groups trained, or generated again, after they were trained: 0 in a run that repeats nothing.
+    """
 
     submitted: int = 0
     trained: int = 0
-    dropped: dict[str, int] = field(default_factory=dict)  # reason -> groups
+    dropped: dict[str, int] = field(default_factory=dict)
     in_flight: int = 0
-    repeated: int = 0  # groups trained, or generated again, after they were trained: 0 in a run that repeats nothing
+    repeated: int = 0
 
     def balanced(self) -> bool:
         return self.trained + sum(self.dropped.values()) + self.in_flight == self.submitted and self.repeated == 0
