@@ -8,6 +8,7 @@ name it reads as a default argument, so a snippet that patches `os`, `builtins` 
 import builtins, itertools, json, linecache, os, posix, resource, signal, stat, sys, sysconfig, traceback, types
 
 CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWPID = 0x10000000, 0x40000000, 0x20000000
+PR_SET_PDEATHSIG = 1
 AF_UNIX = 1
 DENIED_MODULES = frozenset({  # C modules that start processes, reach raw memory, or do I/O with no audit event
     "_posixsubprocess", "_ctypes", "_ctypes_test", "_xxsubinterpreters", "_xxinterpchannels", "_testcapi",
@@ -33,15 +34,24 @@ WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 DEVICES = frozenset({"/dev/null", "/dev/zero", "/dev/random", "/dev/urandom"})
 
 
-def enter_namespaces():
-    """New user, network and pid namespaces, where the kernel allows it; ctypes is gone from sys.modules after."""
+def enter_namespaces(parent_pid):
+    """New user, network and pid namespaces, where the kernel allows it; ctypes is gone from sys.modules after.
+
+    And the kernel's parent-death signal, so a job killed outright (SIGKILL: nothing of it runs to kill us) takes
+    its sandbox with it. Isolated, the signal goes to the namespace's waiter (SIGTERM: it kills the namespace's
+    first process, and with it every process in there); otherwise to the snippet's own process (SIGKILL, which a
+    snippet cannot ignore: it can change signal handlers, not this)."""
     try:
         import ctypes
-        entered = ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID) == 0
+        libc = ctypes.CDLL(None, use_errno=True)
+        entered = libc.unshare(CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWPID) == 0
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM if entered else signal.SIGKILL)
     except (ImportError, OSError, AttributeError):
         entered = False
     for name in [n for n in sys.modules if n in ("ctypes", "_ctypes") or n.startswith("ctypes.")]:
         del sys.modules[name]
+    if os.getppid() != parent_pid:  # the job died before the signal was armed
+        os._exit(1)
     return entered
 
 
@@ -50,8 +60,10 @@ def become_namespace_init(alarm_s):
     child = os.fork()
     if child == 0:
         return
-    # If the parent dies without killing us, nothing else bounds a snippet that sleeps.
+    # If the parent dies without killing us, nothing else bounds a snippet that sleeps: the alarm, and the
+    # parent-death signal (SIGTERM here, armed in enter_namespaces) when the job itself was killed.
     signal.signal(signal.SIGALRM, lambda *_: os.kill(child, signal.SIGKILL))
+    signal.signal(signal.SIGTERM, lambda *_: os.kill(child, signal.SIGKILL))
     signal.alarm(alarm_s)
     status = os.waitpid(child, 0)[1]
     if os.WIFSIGNALED(status):
@@ -251,7 +263,7 @@ def main():
     config = json.loads(sys.argv[1])
     source = open(config["snippet"], encoding="utf-8").read()
     os.remove(config["snippet"])
-    isolated = enter_namespaces()
+    isolated = enter_namespaces(config["parent_pid"])
     os.write(config["status_fd"], b"1" if isolated else b"0")
     os.close(config["status_fd"])
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

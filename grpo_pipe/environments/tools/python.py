@@ -142,6 +142,7 @@ class PythonSandbox:
             "memory_bytes": self.memory_mb * 1024 * 1024,
             "file_bytes": FILE_BYTES,
             "max_processes": self.max_processes,
+            "parent_pid": os.getpid(),  # the child exits at once if this process is gone before it can follow it
         }
         return subprocess.Popen(
             [sys.executable, "-I", "-B", "-u", "-X", "utf8", "-c", _BOOTSTRAP, json.dumps(config)],

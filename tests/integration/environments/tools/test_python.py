@@ -210,3 +210,34 @@ def test_bad_settings_are_named_by_its_rules_not_raised() -> None:
     assert PythonSandbox(memory_mb=1).config_problems() == [
         "memory_mb=1: must be >= 64 (the interpreter itself needs that)"]
     assert PythonSandbox().config_problems() == []
+
+
+def test_a_sandbox_ends_with_the_job_that_started_it_when_the_job_is_killed(tmp_path: Path) -> None:
+    """SIGKILL of the job mid-call: its sandbox goes with it (the kernel's parent-death signal), even a snippet that
+    ignores the alarm that bounds it otherwise and sleeps for longer than the test runs."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    snippet = "import signal, time\nsignal.signal(signal.SIGALRM, signal.SIG_IGN)\nprint('up', flush=True)\ntime.sleep(900)"
+    job = subprocess.Popen(
+        [sys.executable, "-c", "import sys\nfrom grpo_pipe.environments.tools.python import PythonSandbox\n"
+         "PythonSandbox(wall_s=900, cpu_s=5)(sys.argv[1])", snippet],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120  # a bound on a hang, not a timing: start-up on a busy machine
+        sandbox: list[psutil.Process] = []
+        while not sandbox and time.monotonic() < deadline:
+            sandbox = [p for p in psutil.Process(job.pid).children(recursive=True) if "-I" in p.cmdline()]
+            time.sleep(0.2)
+        assert sandbox, "the sandbox never started"
+        os.kill(job.pid, signal.SIGKILL)
+        job.wait(timeout=30)
+        gone, alive = psutil.wait_procs(sandbox, timeout=30)
+        assert alive == [], f"sandbox processes outlived the killed job: {alive}"
+    finally:
+        if job.poll() is None:
+            job.kill()
