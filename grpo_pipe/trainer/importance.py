@@ -21,7 +21,6 @@ same numbers. `loss.correction=null` uses no weight (needed with `loss.ratio_ref
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
@@ -53,11 +52,18 @@ def _masked(ratio: torch.Tensor, cap: float) -> tuple[torch.Tensor, torch.Tensor
 
 @dataclass(kw_only=True)
 class CappedRatio:
-    """The four modes with one cap: the ratio per token or per completion (`per_sequence`), truncated at the cap or
-    masked past it (`masks`). Each mode below is this with its two choices fixed and its own default cap."""
+    """The four modes with one cap (`loss/correction=token_truncate|token_mask|sequence_truncate|sequence_mask`):
+    the ratio per token or per completion, truncated at the cap or masked past it.
 
-    per_sequence: ClassVar[bool]
-    masks: ClassVar[bool]
+    Args:
+        per_sequence: One ratio per completion, its likelihood ratio r_seq, on each of its tokens; False: r per token.
+        masks: A token (or, per sequence, the whole completion) whose ratio exceeds the cap gets weight 0; False: the
+            weight is min(ratio, cap), truncated importance sampling.
+        cap: The largest weight kept (TRL's default for `sequence_mask`: 3.0; ours for the others: 2.0).
+    """
+
+    per_sequence: bool = False
+    masks: bool = False
     cap: float = 2.0
 
     def config_problems(self) -> list[str]:
@@ -68,54 +74,6 @@ class CappedRatio:
         ratio = (sequence_ratio(trainer_logprobs, sampler_logprobs, mask) if self.per_sequence
                  else token_ratio(trainer_logprobs, sampler_logprobs))  # [B, T]
         return _masked(ratio, self.cap) if self.masks else _truncated(ratio, self.cap)
-
-
-@dataclass(kw_only=True)
-class TokenTruncate(CappedRatio):
-    """min(r, cap) per token: truncated importance sampling, the default.
-
-    Args:
-        cap: The largest weight a token gets.
-    """
-
-    per_sequence, masks = False, False
-    cap: float = 2.0
-
-
-@dataclass(kw_only=True)
-class TokenMask(CappedRatio):
-    """r per token, 0 where r > cap.
-
-    Args:
-        cap: Tokens whose ratio exceeds it get no loss.
-    """
-
-    per_sequence, masks = False, True
-    cap: float = 2.0
-
-
-@dataclass(kw_only=True)
-class SequenceTruncate(CappedRatio):
-    """min(r_seq, cap) on every token of a completion, r_seq its likelihood ratio.
-
-    Args:
-        cap: The largest weight a completion gets.
-    """
-
-    per_sequence, masks = True, False
-    cap: float = 2.0
-
-
-@dataclass(kw_only=True)
-class SequenceMask(CappedRatio):
-    """r_seq on every token of a completion, the whole completion 0 where r_seq > cap (TRL's default mode).
-
-    Args:
-        cap: Completions whose likelihood ratio exceeds it get no loss (TRL's default: 3.0).
-    """
-
-    per_sequence, masks = True, True
-    cap: float = 3.0
 
 
 @dataclass(kw_only=True)

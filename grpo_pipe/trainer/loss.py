@@ -42,7 +42,7 @@ import torch
 from grpo_pipe.config.errors import failed
 from grpo_pipe.interfaces import ChecksItsConfig, SamplingCorrection
 from grpo_pipe.trainer.advantages import AGGREGATIONS, Aggregation, aggregate, batch_normaliser, group_advantages
-from grpo_pipe.trainer.importance import TokenTruncate
+from grpo_pipe.trainer.importance import CappedRatio
 from grpo_pipe.types import LossStats
 
 __all__ = ["ClippedSurrogate", "ClippedWeights", "GRPOLoss", "Objective", "PolicyGradientLoss", "SequenceRatio",
@@ -339,7 +339,7 @@ def GRPOLoss(  # noqa: N802 the name the family's loss had as one class: a thin 
     entropy_floor: float | None = None,
 ) -> PolicyGradientLoss:
     """The family's loss from the flat settings of one class: `objective=cispo` is `ClippedWeights`,
-    `ratio_level=sequence` is `SequenceRatio`, `is_cap` a `TokenTruncate` (None: no correction).
+    `ratio_level=sequence` is `SequenceRatio`, `is_cap` a per-token truncating `CappedRatio` (None: no correction).
 
     Args:
         aggregation: How token terms become the loss, as `PolicyGradientLoss.aggregation`.
@@ -350,7 +350,7 @@ def GRPOLoss(  # noqa: N802 the name the family's loss had as one class: a thin 
         max_tokens: The constant normaliser of `aggregation=constant` (Dr.GRPO's).
         mask_truncated: Completions cut by the token budget get no loss (DAPO's overlong filtering).
         ratio_reference: What the ratio is taken against, as `PolicyGradientLoss.ratio_reference`.
-        is_cap: The per-token sampling correction's cap (`TokenTruncate`); None: no correction.
+        is_cap: The per-token truncating correction's cap (`CappedRatio`); None: no correction.
         ratio_level: `token` (PPO's ratio per token) or `sequence` (GSPO's `SequenceRatio`).
         objective: `clipped` (the surrogate) or `cispo` (`ClippedWeights`).
         cispo_max: CISPO's cap on the detached weight.
@@ -365,7 +365,7 @@ def GRPOLoss(  # noqa: N802 the name the family's loss had as one class: a thin 
     else:
         chosen = ClippedSurrogate(clip_low=clip_low, clip_high=clip_high)
     return PolicyGradientLoss(
-        objective=chosen, correction=None if is_cap is None else TokenTruncate(cap=is_cap), aggregation=aggregation,
+        objective=chosen, correction=None if is_cap is None else CappedRatio(cap=is_cap), aggregation=aggregation,
         normalize_std=normalize_std, kl_coef=kl_coef, max_tokens=max_tokens, mask_truncated=mask_truncated,
         ratio_reference=ratio_reference, entropy_coef=entropy_coef, entropy_floor=entropy_floor,
     )

@@ -9,7 +9,7 @@ import torch
 
 from grpo_pipe.interfaces import SamplingCorrection
 from grpo_pipe.runner.components import build
-from grpo_pipe.trainer.importance import IcePop, SequenceMask, SequenceTruncate, TokenMask, TokenTruncate
+from grpo_pipe.trainer.importance import CappedRatio, IcePop
 from grpo_pipe.trainer.loss import ClippedSurrogate, PolicyGradientLoss
 from tests.conftest import CONF
 
@@ -21,12 +21,14 @@ TRAINER = SAMPLER + torch.tensor([[math.log(r) for r in row] for row in RATIOS],
 # Each completion's likelihood ratio over its own tokens: 3 x 0.5 x 1 = 1.5 and 1.5 x 1.5 = 2.25 (padding left out).
 
 CASES = {
-    "token_truncate": (TokenTruncate(cap=2.0), [[2.0, 0.5, 1.0], [1.5, 1.5, 2.0]],
+    "token_truncate": (CappedRatio(cap=2.0), [[2.0, 0.5, 1.0], [1.5, 1.5, 2.0]],
                        [[True, False, False], [False, False, True]]),
-    "token_mask": (TokenMask(cap=2.0), [[0.0, 0.5, 1.0], [1.5, 1.5, 0.0]], [[True, False, False], [False, False, True]]),
-    "sequence_truncate": (SequenceTruncate(cap=2.0), [[1.5, 1.5, 1.5], [2.0, 2.0, 2.0]],
+    "token_mask": (CappedRatio(masks=True, cap=2.0), [[0.0, 0.5, 1.0], [1.5, 1.5, 0.0]],
+                   [[True, False, False], [False, False, True]]),
+    "sequence_truncate": (CappedRatio(per_sequence=True, cap=2.0), [[1.5, 1.5, 1.5], [2.0, 2.0, 2.0]],
                           [[False, False, False], [True, True, True]]),
-    "sequence_mask": (SequenceMask(cap=2.0), [[1.5, 1.5, 1.5], [0.0, 0.0, 0.0]], [[False, False, False], [True, True, True]]),
+    "sequence_mask": (CappedRatio(per_sequence=True, masks=True, cap=2.0), [[1.5, 1.5, 1.5], [0.0, 0.0, 0.0]],
+                      [[False, False, False], [True, True, True]]),
     "icepop": (IcePop(low=0.6, high=2.0), [[0.0, 0.0, 1.0], [1.5, 1.5, 0.0]], [[True, True, False], [False, False, True]]),
 }
 
@@ -67,10 +69,10 @@ def test_no_correction_weighs_every_token_one() -> None:
 
 
 @pytest.mark.parametrize(("correction", "problem"), [
-    (TokenTruncate(cap=0.0), "loss.correction.cap=0.0: must be > 0"),
-    (TokenMask(cap=-1.0), "loss.correction.cap=-1.0: must be > 0"),
-    (SequenceTruncate(cap=0.0), "loss.correction.cap=0.0: must be > 0"),
-    (SequenceMask(cap=0.0), "loss.correction.cap=0.0: must be > 0"),
+    (CappedRatio(cap=0.0), "loss.correction.cap=0.0: must be > 0"),
+    (CappedRatio(masks=True, cap=-1.0), "loss.correction.cap=-1.0: must be > 0"),
+    (CappedRatio(per_sequence=True, cap=0.0), "loss.correction.cap=0.0: must be > 0"),
+    (CappedRatio(per_sequence=True, masks=True, cap=0.0), "loss.correction.cap=0.0: must be > 0"),
     (IcePop(low=0.0, high=2.0), "loss.correction.low=0.0: must be > 0"),
     (IcePop(low=2.0, high=1.0), "loss.correction.high=1.0: must be > loss.correction.low=2.0"),
 ])

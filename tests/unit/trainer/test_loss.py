@@ -306,7 +306,7 @@ def test_bad_settings_are_all_named() -> None:
                         is_cap=2.0).config_problems()
     message = "\n".join(problems)
     assert "loss.kl_coef=-1.0" in message and "loss.max_tokens=None" in message
-    assert "loss.correction (TokenTruncate) with loss.ratio_reference=sampler" in message
+    assert "loss.correction (CappedRatio) with loss.ratio_reference=sampler" in message
 
 
 def test_entropy_bonus_by_hand_lowers_each_tokens_loss_by_coef_times_its_entropy() -> None:
