@@ -98,9 +98,13 @@ class EngineHost:
 
 @dataclass
 class PendingFleetRollout:
-    """One generation call spread over the replicas; `result()` waits and restores prompt order."""
+    """One generation call spread over the replicas; `result()` waits and restores prompt order.
 
-    refs: list[Any]  # one Ray ObjectRef per replica that got prompts
+    Args:
+        refs: One Ray ObjectRef per replica that got prompts.
+    """
+
+    refs: list[Any]
 
     def result(self) -> GeneratedBatch:
         parts: list[GeneratedBatch] = _get(self.refs)

@@ -55,14 +55,23 @@ def flatten(groups: Sequence[RolloutGroup], advantages: Sequence[float]) -> list
 class MicroBatch:
     """Every completion starts at the same column, so the model projects only the completion positions to the
     vocabulary. A shorter prompt is filled up to that column by repeating its last token, masked out as a key
-    (`collate` says why)."""
+    (`collate` says why).
 
-    input_ids: torch.Tensor  # [B, P + T] prompt, last prompt token.., completion, ..pad
-    attention_mask: torch.Tensor  # [B, P + T]
-    position_ids: torch.Tensor  # [B, P + T] each row counts from 0 at its first prompt token, as the engine did
-    completion_mask: torch.Tensor  # [B, T] 1 on completion tokens the model sampled (0 on padding, environment tokens)
-    sampling_logprobs: torch.Tensor  # [B, T]
-    advantages: torch.Tensor  # [B]
+    Args:
+        input_ids: [B, P + T] prompt, last prompt token.., completion, ..pad.
+        attention_mask: [B, P + T].
+        position_ids: [B, P + T] each row counts from 0 at its first prompt token, as the engine did.
+        completion_mask: [B, T] 1 on completion tokens the model sampled (0 on padding, environment tokens)
+        sampling_logprobs: [B, T].
+        advantages: [B].
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    sampling_logprobs: torch.Tensor
+    advantages: torch.Tensor
 
     @property
     def completion_ids(self) -> torch.Tensor:

@@ -67,14 +67,23 @@ def make_plan(groups: Sequence[RolloutGroup], rewards: Sequence[float], loss: Po
 
 @dataclass(frozen=True, kw_only=True)
 class BatchPlan:
-    """One batch as the loss sees it."""
+    """One batch as the loss sees it.
 
-    active: list[TrainSample]  # completions run through the model, length-sorted
-    normaliser: float  # the whole batch's loss normaliser (see PolicyLoss.normaliser)
-    samples: int  # completions in the batch
-    masked: int  # completions given no loss (mask_truncated)
-    advantages: torch.Tensor  # [samples]
-    cuts: list[range]  # the micro-batches: index ranges of `active`, in order
+    Args:
+        active: Completions run through the model, length-sorted.
+        normaliser: The whole batch's loss normaliser (see PolicyLoss.normaliser)
+        samples: Completions in the batch.
+        masked: Completions given no loss (mask_truncated)
+        advantages: [samples].
+        cuts: The micro-batches: index ranges of `active`, in order.
+    """
+
+    active: list[TrainSample]
+    normaliser: float
+    samples: int
+    masked: int
+    advantages: torch.Tensor
+    cuts: list[range]
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -87,10 +96,15 @@ class BatchPlan:
 
 @dataclass
 class PassCache:
-    """What the first optimizer pass over a batch saw, per micro-batch, for the passes after it."""
+    """What the first optimizer pass over a batch saw, per micro-batch, for the passes after it.
 
-    reference: list[torch.Tensor | None] = field(default_factory=list)  # [B, T] frozen reference (KL), or None
-    proximal: list[torch.Tensor] = field(default_factory=list)  # [B, T] the policy before this batch's updates
+    Args:
+        reference: [B, T] frozen reference (KL), or None.
+        proximal: [B, T] the policy before this batch's updates.
+    """
+
+    reference: list[torch.Tensor | None] = field(default_factory=list)
+    proximal: list[torch.Tensor] = field(default_factory=list)
 
 
 def loss_metrics(stats: Sequence[LossStats]) -> dict[str, float]:

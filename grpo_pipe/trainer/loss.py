@@ -53,12 +53,19 @@ RatioReference = Literal["policy", "sampler"]
 
 @dataclass(frozen=True, kw_only=True)
 class Surrogate:
-    """One micro-batch's per-token objective and what its statistics read. All [B, T]."""
+    """One micro-batch's per-token objective and what its statistics read. All [B, T].
 
-    per_token: torch.Tensor  # the loss per token, the correction's weight applied, before masking and aggregation
-    unclipped: torch.Tensor  # ratio x advantage
-    clipped: torch.Tensor  # the bounded term: where it is below `unclipped`, the token was clipped
-    ratio: torch.Tensor  # the ratio the objective used
+    Args:
+        per_token: The loss per token, the correction's weight applied, before masking and aggregation.
+        unclipped: Ratio x advantage.
+        clipped: The bounded term: where it is below `unclipped`, the token was clipped.
+        ratio: The ratio the objective used.
+    """
+
+    per_token: torch.Tensor
+    unclipped: torch.Tensor
+    clipped: torch.Tensor
+    ratio: torch.Tensor
 
 
 @runtime_checkable

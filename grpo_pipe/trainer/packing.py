@@ -24,17 +24,29 @@ from grpo_pipe.trainer.batch import TrainSample
 
 @dataclass(frozen=True, kw_only=True)
 class PackedBatch:
-    """One packed micro-batch: B sequences of lengths L_i in one row of N = sum L_i tokens."""
+    """One packed micro-batch: B sequences of lengths L_i in one row of N = sum L_i tokens.
 
-    input_ids: torch.Tensor  # [1, N] every sequence's prompt then completion, end to end
-    position_ids: torch.Tensor  # [1, N] restarting at 0 with each sequence
-    cu_seq_lens: torch.Tensor  # [B + 1] int32 where each sequence starts in the row, then N
-    max_length: int  # at least the longest L_i: a power of two, so a compiled layer sees few distinct values
-    predicting: torch.Tensor  # [M] the row positions whose outputs predict the scored tokens (M = completion_mask.sum())
-    targets: torch.Tensor  # [M] the scored tokens, the ones the engine sampled
-    completion_mask: torch.Tensor  # [B, T] 1 on completion tokens the model sampled (0 on padding, environment tokens)
-    sampling_logprobs: torch.Tensor  # [B, T]
-    advantages: torch.Tensor  # [B]
+    Args:
+        input_ids: [1, N] every sequence's prompt then completion, end to end.
+        position_ids: [1, N] restarting at 0 with each sequence.
+        cu_seq_lens: [B + 1] int32 where each sequence starts in the row, then N.
+        max_length: At least the longest L_i: a power of two, so a compiled layer sees few distinct values.
+        predicting: [M] the row positions whose outputs predict the scored tokens (M = completion_mask.sum())
+        targets: [M] the scored tokens, the ones the engine sampled.
+        completion_mask: [B, T] 1 on completion tokens the model sampled (0 on padding, environment tokens)
+        sampling_logprobs: [B, T].
+        advantages: [B].
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    cu_seq_lens: torch.Tensor
+    max_length: int
+    predicting: torch.Tensor
+    targets: torch.Tensor
+    completion_mask: torch.Tensor
+    sampling_logprobs: torch.Tensor
+    advantages: torch.Tensor
 
     def model_inputs(self) -> dict[str, Any]:
         """Keyword arguments of the decoder's forward: no attention mask (the bounds say who sees whom), no cache.
