@@ -27,6 +27,7 @@ class Curve:
     samples: list[dict[str, Any]] = field(default_factory=list)  # a few sampled completions (episodes) of each step
     accuracy: list[float] = field(default_factory=list)  # per snapshot, filled by `grade_curve`
     sampled: dict[int, float] = field(default_factory=dict)  # snapshot index -> sampled accuracy (first and last)
+    by_group: list[dict[str, float]] = field(default_factory=list)  # per snapshot: held-out metrics per task group
 
     @property
     def steps(self) -> int:

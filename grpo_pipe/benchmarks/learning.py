@@ -44,7 +44,8 @@ from grpo_pipe.config.sources import CONF_DIR
 from grpo_pipe.interfaces import Environment, Reward
 from grpo_pipe.runner.components import Components, build
 from grpo_pipe.runner.recipe import GRPORecipe
-from grpo_pipe.types import RewardOutput, RolloutGroup, SamplingSettings, Task
+from grpo_pipe.evaluation.by_group import group_metrics
+from grpo_pipe.types import Completion, RewardOutput, RolloutGroup, SamplingSettings, Task
 
 log = logging.getLogger(__name__)
 
@@ -138,9 +139,17 @@ class Grader:
     seed: int
 
     def greedy(self, model_path: Path) -> float:
+        return self.greedy_with_groups(model_path)[0]
+
+    def greedy_with_groups(self, model_path: Path) -> tuple[float, dict[str, float]]:
+        """Greedy accuracy, and the held-out metrics per group of tasks (per length: `eval/accuracy/terms_3`, ...,
+        and `eval/calls_match`) where the tasks name their group, as the job's own evaluation reports them."""
         if self.environment is None:
-            return grade(model_path, self.tasks, self.prompts, self.reward, self.max_new_tokens)
-        return self._accuracy(model_path, 1, SamplingSettings(temperature=0.0, max_tokens=self.max_new_tokens))
+            return grade(model_path, self.tasks, self.prompts, self.reward, self.max_new_tokens), {}
+        sampling = SamplingSettings(temperature=0.0, max_tokens=self.max_new_tokens)
+        completions, scored = self._scored(model_path, 1, sampling)
+        firsts = [c[0] for c in completions]
+        return fraction_correct(scored), group_metrics(self.tasks, firsts, scored)
 
     def sampled(self, model_path: Path) -> float:
         """Mean correctness of `sampled_k` samples per task at temperature 1."""
@@ -148,6 +157,10 @@ class Grader:
         return self._accuracy(model_path, self.sampled_k, sampling)
 
     def _accuracy(self, model_path: Path, samples: int, sampling: SamplingSettings) -> float:
+        return fraction_correct(self._scored(model_path, samples, sampling)[1])
+
+    def _scored(self, model_path: Path, samples: int,
+                sampling: SamplingSettings) -> tuple[list[list[Completion]], RewardOutput]:
         engine = HFEngine()
         engine.connect(model_path)
         counts = [samples] * len(self.tasks)
@@ -157,20 +170,25 @@ class Grader:
         finally:
             engine.shutdown()
         groups = [RolloutGroup(t, p, tuple(c)) for t, p, c in zip(self.tasks, self.prompts, completions)]
-        return fraction_correct(self.reward(groups))
+        return [list(c) for c in completions], self.reward(groups)
 
 
 def grade_curve(curve: Curve, grader: Grader) -> None:
     """Greedy accuracy of every snapshot; sampled accuracy of the first and the last."""
     last = len(curve.snapshots) - 1
     for index, snapshot in enumerate(curve.snapshots):
-        curve.accuracy.append(grader.greedy(snapshot.path))
+        accuracy, by_group = grader.greedy_with_groups(snapshot.path)
+        curve.accuracy.append(accuracy)
+        curve.by_group.append(by_group)
         sampled = ""
         if grader.sampled_k > 0 and index in (0, last):
             curve.sampled[index] = grader.sampled(snapshot.path)
             sampled = f"  sampled ({grader.sampled_k} per task) {curve.sampled[index]:.3f}"
         print(f"{curve.tool:>9}  {snapshot.train_s / 60:5.2f} min  step {snapshot.step:4d}  "
               f"held-out accuracy {curve.accuracy[-1]:.3f}{sampled}", flush=True)
+        if by_group:
+            print("           " + "  ".join(f"{k.removeprefix('eval/')} {v:.3f}" for k, v in sorted(by_group.items())
+                                           if not k.startswith("eval/reward/")), flush=True)
 
 
 def held_out(parts: Components, model_path: Path, size: int) -> tuple[list[Task], list[tuple[int, ...]], list[str]]:
@@ -212,8 +230,8 @@ def report(curves: Sequence[Curve], budget_s: float) -> dict[str, Any]:
             "sampled_accuracy_first": curve.sampled.get(0), "sampled_accuracy_last": curve.sampled.get(last),
             "reward_steps_1_10": _mean(curve.step_rewards[:10]), "reward_steps_11_20": _mean(early[10:20]),
             "reward_by_10_steps": [_mean(curve.step_rewards[i : i + 10]) for i in range(0, curve.steps, 10)],
-            "curve": [{"minutes": s.train_s / 60, "step": s.step, "accuracy": a}
-                      for s, a in zip(curve.snapshots, curve.accuracy)],
+            "curve": [{"minutes": s.train_s / 60, "step": s.step, "accuracy": a, **groups}
+                      for s, a, groups in zip(curve.snapshots, curve.accuracy, _padded(curve.by_group, len(curve.accuracy)))],
         }
         summary[curve.tool] = row
         print(f"\n{curve.tool}: {row['steps']} steps in {curve.train_s / 60:.2f} min of training "
@@ -231,6 +249,11 @@ def report(curves: Sequence[Curve], budget_s: float) -> dict[str, Any]:
             print(f"{a.tool} reaches {b.tool}'s final accuracy ({b.accuracy[-1]:.3f}) after "
                   + (f"{reached:.2f} min" if reached is not None else f"more than {budget_s / 60:.1f} min"))
     return summary
+
+
+def _padded(rows: Sequence[dict[str, float]], length: int) -> list[dict[str, float]]:
+    """`rows` with empty ones added up to `length` (a curve graded without groups has none)."""
+    return [*rows, *[{}] * (length - len(rows))]
 
 
 def _mean(values: Sequence[float]) -> float:

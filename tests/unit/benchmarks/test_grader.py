@@ -75,6 +75,22 @@ def test_every_snapshot_is_graded_greedy_and_the_first_and_last_sampled(model_pa
     assert curve.sampled == {}
 
 
+def test_tasks_that_name_their_length_are_graded_per_length_with_their_call_counts(model_path: Path) -> None:
+    grouped = [Task(uid=f"g/{i}", question=f"what is {i} + 4", answer=str(i + 4),
+                    metadata={"eval_group": f"terms_{2 + i % 2}", "operations": 1 + i % 2}) for i in range(4)]
+    episodes = ToolEnvironment(tools=["calculator"], call_format=EveryTurnCalls(), max_turns=2, max_episode_tokens=120)
+    episodes.setup(AutoTokenizer.from_pretrained(model_path), "Use the calculator.", 512)
+    grader = Grader(tasks=grouped, prompts=[episodes.render_prompt(t) for t in grouped], reward=CalledTheTool(),
+                    max_new_tokens=8, environment=episodes, sampled_k=0, seed=0)
+    curve = Curve(tool="grpo_pipe", snapshots=[Snapshot(0.0, 0, model_path)], step_rewards=[], train_s=0.0, startup_s=0.0)
+    grade_curve(curve, grader)
+    groups = curve.by_group[0]
+    # Every episode makes one call (EveryTurnCalls, two turns): it matches the one-operation tasks, not the two
+    assert groups["eval/accuracy/terms_2"] == groups["eval/accuracy/terms_3"] == 1.0
+    assert groups["eval/calls_match/terms_2"] == 1.0 and groups["eval/calls_match/terms_3"] == 0.0
+    assert groups["eval/calls_match"] == 0.5
+
+
 class ParityOfLength:
     """Solved when the text has an even length (the random model never answers right); keeps the texts it saw."""
 
