@@ -15,6 +15,11 @@ per hour with its 95% interval, and a verdict:
 - `grows` / `shrinks`: the interval lies wholly above / below zero and the slope passes 1% of the level per hour;
 - `undecided`: the interval is too wide to say (too few samples, or too noisy).
 
+RSS is also taken once per step, at its peak and at its low within the step (`rss_mib_step_peak`, `..._step_low`): a
+job's RSS swings by gigabytes within a step, which widens the interval of a fit to raw samples; the peak of every
+step is taken at the same phase, so growth from one step to the next shows. `--report-only` reports again on a folder
+already written (its `samples.jsonl` and MLflow store), e.g. with another warm-up.
+
 Sizes on disk that grow with the run by design (the MLflow store: one row per metric and step) are reported the same
 way: their slope is the rate a user must plan space for, not a leak. Writes `samples.jsonl` and `report.json` under
 `--out`.
@@ -30,7 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -157,7 +162,31 @@ def report(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, float]
     trends = [trend(name, [(r["t"] - started) / 3600 for r in kept], [r[name] for r in kept]) for name in figures]
     late = [(t, s) for t, s in steps if t - started >= warmup_s]
     trends.append(trend("step_s", [(t - started) / 3600 for t, _ in late], [s for _, s in late]))
+    for name in [n for n in ("rss_mib", "job_rss_mib") if n in figures]:
+        for kind, pick in (("step_peak", max), ("step_low", min)):
+            points = per_step(kept, late, name, pick)
+            trends.append(trend(f"{name}_{kind}", [(t - started) / 3600 for t, _ in points], [v for _, v in points]))
     return trends
+
+
+def per_step(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, float]], name: str,
+             pick: Callable[[list[float]], float]) -> list[tuple[float, float]]:
+    """One value of `name` per step (its highest or lowest sample between the step's start and end): a job's RSS
+    swings by gigabytes within a step (generation, then the update), so a trend of raw samples has a wide interval,
+    where the peak of every step, taken at the same phase, shows growth from one step to the next.
+
+    Args:
+        rows: The samples, each with its wall-clock time `t`.
+        steps: (end time, seconds) of each step.
+        name: The figure to take.
+        pick: `max` for the step's peak, `min` for its low.
+    """
+    points = []
+    for end, seconds in steps:
+        inside = [r[name] for r in rows if end - seconds <= r["t"] <= end]
+        if inside:
+            points.append((end, pick(inside)))
+    return points
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -167,8 +196,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--every", type=float, default=10.0, help="seconds between samples")
     parser.add_argument("--out", type=Path, required=True, help="the run's folder: run, MLflow store, samples")
     parser.add_argument("overrides", nargs="*", help="the job's config overrides")
+    parser.add_argument("--report-only", action="store_true",
+                        help="run nothing: report again on the samples and the MLflow store already under --out")
     args = parser.parse_args(argv)
     folder = args.out.resolve()
+    if args.report_only:
+        rows = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()]
+        _print(report(rows, step_times(folder), rows[0]["t"], 60.0 * args.warmup_minutes))
+        return 0
     folder.mkdir(parents=True, exist_ok=True)
     overrides = [*args.overrides, f"run.max_minutes={args.minutes}", f"hydra.run.dir={folder / 'run'}",
                  f"logger.tracking_uri=sqlite:///{folder / 'mlflow.db'}", f"logger.artifact_location={folder / 'artifacts'}"]
@@ -189,12 +224,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {"returncode": job.proc.returncode, "minutes": (time.time() - started) / 60, "samples": len(rows),
               "left_alive": left, "trends": [{**asdict(t), "percent_per_h": t.percent_per_h} for t in trends]}
     (folder / "report.json").write_text(json.dumps(result, indent=1))
-    print(f"{'figure':<20} {'n':>4} {'level':>10} {'slope/h':>10} {'95% interval/h':>24} {'%/h':>7}  verdict")
-    for t in trends:
-        print(f"{t.figure:<20} {t.samples:>4} {t.level:>10.2f} {t.slope_per_h:>+10.3f} "
-              f"[{t.low_per_h:>+10.3f}, {t.high_per_h:>+10.3f}] {t.percent_per_h:>+7.2f}  {t.verdict}")
+    _print(trends)
     print(json.dumps({k: v for k, v in result.items() if k != "trends"}))
     return 0 if job.proc.returncode == 0 and not left else 1
+
+
+def _print(trends: Sequence[Trend]) -> None:
+    print(f"{'figure':<22} {'n':>4} {'level':>10} {'slope/h':>10} {'95% interval/h':>24} {'%/h':>7}  verdict")
+    for t in trends:
+        print(f"{t.figure:<22} {t.samples:>4} {t.level:>10.2f} {t.slope_per_h:>+10.3f} "
+              f"[{t.low_per_h:>+10.3f}, {t.high_per_h:>+10.3f}] {t.percent_per_h:>+7.2f}  {t.verdict}")
 
 
 if __name__ == "__main__":

@@ -38,3 +38,20 @@ def test_the_report_leaves_out_warm_up_and_what_follows_the_last_step() -> None:
     trends = {t.figure: t for t in report(rows, steps, started=100.0, warmup_s=300.0)}
     assert trends["rss_mib"].samples == 46 and trends["rss_mib"].verdict == "flat"
     assert trends["step_s"].samples == 46 and trends["step_s"].verdict == "flat"
+
+
+def _swinging_job(peak_per_h: float) -> tuple[list[dict[str, float]], list[tuple[float, float]]]:
+    """Two hours of 60-s steps sampled every 5 s; RSS swings 5-8 GiB within each step (generation, then the update),
+    its peak rising by `peak_per_h` MiB an hour."""
+    rows = [{"t": 5.0 * i, "rss_mib": 5000.0 + 3000.0 * ((i % 12) / 11) + peak_per_h * 5.0 * i / 3600} for i in range(1440)]
+    steps = [(60.0 * k + 59.0, 59.0) for k in range(120)]
+    return rows, steps
+
+
+def test_a_step_peak_shows_what_the_swing_within_a_step_hides() -> None:
+    flat = {t.figure: t for t in report(*_swinging_job(0.0), started=0.0, warmup_s=600.0)}
+    assert flat["rss_mib_step_peak"].verdict == "flat" and flat["rss_mib_step_low"].verdict == "flat"
+    assert flat["rss_mib_step_peak"].level == pytest.approx(8000.0) and flat["rss_mib_step_low"].level == pytest.approx(5000.0)
+    growing = {t.figure: t for t in report(*_swinging_job(160.0), started=0.0, warmup_s=600.0)}  # 2% of 8 GiB an hour
+    assert growing["rss_mib_step_peak"].verdict == "grows"
+    assert growing["rss_mib_step_peak"].slope_per_h == pytest.approx(160.0, rel=0.05)
