@@ -1,5 +1,5 @@
-"""`experiment=calculator_lengths` is what its header says: train lengths 2-4 under the length ladder, held-out
-lengths 3-5, worked examples of two different call counts, each correct; `curriculum=uniform` is its contrast."""
+"""`experiment=calculator_lengths` is what its header says: train lengths 2-4 sampled uniformly, held-out lengths 3-5,
+worked examples of two different call counts, each correct; `curriculum=length_ladder` is its contrast."""
 
 from hydra.utils import instantiate
 
@@ -10,22 +10,22 @@ from grpo_pipe.data.arithmetic import ArithmeticTasks, evaluate
 from grpo_pipe.runner.pipeline import PLAIN_KEYS, VALIDATED_GROUPS
 
 
-def test_the_experiment_trains_short_to_long_and_holds_out_a_length_never_trained_on(compose_cfg) -> None:
+def test_the_experiment_trains_lengths_uniformly_and_holds_out_a_length_never_trained_on(compose_cfg) -> None:
     cfg = compose_cfg(["experiment=calculator_lengths"], tiny=False)
     validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)
     data, curriculum = instantiate(cfg.data, _convert_="all"), instantiate(cfg.curriculum, _convert_="all")
-    assert isinstance(data, ArithmeticTasks) and isinstance(curriculum, LengthLadderCurriculum)
+    assert isinstance(data, ArithmeticTasks) and isinstance(curriculum, UniformCurriculum)
     assert (data.train_lengths, data.eval_lengths) == ([2, 3, 4], [3, 4, 5])
     assert data.config_problems() == [] and curriculum.config_problems() == []
     assert cfg.run.eval_size == cfg.data.eval_size  # every held-out task evaluated: 100 per length
     # Five terms need four calls and the answer.
     assert cfg.environment.max_turns >= max(data.eval_lengths)
-    contrast = compose_cfg(["experiment=calculator_lengths", "curriculum=uniform"], tiny=False)
+    contrast = compose_cfg(["experiment=calculator_lengths", "curriculum=length_ladder"], tiny=False)
     validate_config(contrast, VALIDATED_GROUPS, PLAIN_KEYS)
-    uniform = instantiate(contrast.curriculum, _convert_="all")
-    assert isinstance(uniform, UniformCurriculum)
-    assert (uniform.prompts_per_step, uniform.samples_per_prompt) == (curriculum.prompts_per_step,
-                                                                     curriculum.samples_per_prompt)
+    ladder = instantiate(contrast.curriculum, _convert_="all")
+    assert isinstance(ladder, LengthLadderCurriculum)
+    assert (ladder.prompts_per_step, ladder.samples_per_prompt) == (curriculum.prompts_per_step,
+                                                                   curriculum.samples_per_prompt)
 
 
 def test_the_worked_examples_show_two_call_counts_one_operation_a_call_and_the_right_answers(compose_cfg) -> None:
@@ -45,5 +45,5 @@ def test_the_worked_examples_show_two_call_counts_one_operation_a_call_and_the_r
         assert example[-1] == {"role": "assistant", "content": f"#### {answer}"}
         calls.append(len(made))
     assert len(set(calls)) == len(calls) == 2  # two examples, two different counts
-    # Neither count is that of a three- or five-term task: those measure following the task, not copying an example.
-    assert not {2, 4} & set(calls)
+    # No example has the four calls of a five-term task: that length measures following the task, not copying one.
+    assert 4 not in calls
