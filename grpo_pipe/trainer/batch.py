@@ -1,8 +1,8 @@
-"""Turn rollout groups into padded training tensors."""
+"""Turn rollout groups into padded training tensors, and the loss's inputs that padded and packed micro-batches share."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -52,6 +52,50 @@ def flatten(groups: Sequence[RolloutGroup], advantages: Sequence[float]) -> list
 
 
 @dataclass(frozen=True, kw_only=True)
+class LossInputs:
+    """What the loss reads of a micro-batch: one row per completion, the same tensors whether the model's input was
+    padded (`MicroBatch`) or packed (`PackedBatch`), so the loss, the mismatch metrics and the scores' shape do not
+    depend on the batching.
+
+    Args:
+        completion_mask: [B, T] 1 on completion tokens the model sampled (0 on padding, environment tokens).
+        sampling_logprobs: [B, T] the engine's log-probs of those tokens (0 on padding).
+        advantages: [B].
+    """
+
+    completion_mask: torch.Tensor
+    sampling_logprobs: torch.Tensor
+    advantages: torch.Tensor
+
+    @classmethod
+    def of(cls, samples: Sequence[TrainSample], width: int,
+           move: Callable[[torch.Tensor], torch.Tensor]) -> LossInputs:
+        """The loss's inputs of `samples`, built on the host and handed to `move` (to the device).
+
+        Args:
+            samples: One row each, in order.
+            width: T, at least the longest completion; the columns past a completion are padding.
+            move: Takes each host tensor to where the loss runs.
+        """
+        completion_mask = torch.zeros((len(samples), width), dtype=torch.float32)  # [B, T]
+        logprobs = torch.zeros((len(samples), width), dtype=torch.float32)  # [B, T]
+        for row, sample in enumerate(samples):
+            count = len(sample.completion_ids)
+            if sample.loss_mask is None:
+                completion_mask[row, :count] = 1.0
+            else:  # an episode: the environment's tokens are context, never trained on
+                completion_mask[row, :count] = torch.tensor(sample.loss_mask, dtype=torch.float32)
+            logprobs[row, :count] = torch.tensor(sample.sampling_logprobs, dtype=torch.float32)
+        return cls(completion_mask=move(completion_mask), sampling_logprobs=move(logprobs),
+                   advantages=move(torch.tensor([s.advantage for s in samples], dtype=torch.float32)))  # [B]
+
+    @property
+    def width(self) -> int:
+        """T: the completion columns."""
+        return self.completion_mask.shape[1]
+
+
+@dataclass(frozen=True, kw_only=True)
 class MicroBatch:
     """Every completion starts at the same column, so the model projects only the completion positions to the
     vocabulary. A shorter prompt is filled up to that column by repeating its last token, masked out as a key
@@ -61,22 +105,18 @@ class MicroBatch:
         input_ids: [B, P + T] prompt, last prompt token.., completion, ..pad.
         attention_mask: [B, P + T].
         position_ids: [B, P + T] each row counts from 0 at its first prompt token, as the engine did.
-        completion_mask: [B, T] 1 on completion tokens the model sampled (0 on padding, environment tokens)
-        sampling_logprobs: [B, T].
-        advantages: [B].
+        loss_inputs: The completions' mask, sampling log-probs and advantages, [B, T] and [B].
     """
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     position_ids: torch.Tensor
-    completion_mask: torch.Tensor
-    sampling_logprobs: torch.Tensor
-    advantages: torch.Tensor
+    loss_inputs: LossInputs
 
     @property
     def completion_ids(self) -> torch.Tensor:
         """[B, T] the completion tokens (the last T columns)."""
-        return self.input_ids[:, -self.completion_mask.shape[1] :]
+        return self.input_ids[:, -self.loss_inputs.width :]
 
     def model_inputs(self, logits_to_keep: bool) -> dict[str, Any]:
         """Keyword arguments of a causal LM's forward whose logits are read by `completion_logprobs`.
@@ -89,7 +129,7 @@ class MicroBatch:
             input_ids=self.input_ids, attention_mask=self.attention_mask, position_ids=self.position_ids
         )
         if logits_to_keep:
-            inputs["logits_to_keep"] = self.completion_mask.shape[1] + 1
+            inputs["logits_to_keep"] = self.loss_inputs.width + 1
             inputs["use_cache"] = False
         return inputs
 
@@ -114,8 +154,6 @@ def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device, w
     batch = len(samples)
     input_ids = torch.full((batch, prompt_width + width), pad_id, dtype=torch.long)
     attention = torch.zeros((batch, prompt_width + width), dtype=torch.long)
-    completion_mask = torch.zeros((batch, width), dtype=torch.float32)
-    logprobs = torch.zeros((batch, width), dtype=torch.float32)
     for row, sample in enumerate(samples):
         prompt_end, completion_end = len(sample.prompt_ids), prompt_width + len(sample.completion_ids)
         input_ids[row, :prompt_end] = torch.tensor(sample.prompt_ids, dtype=torch.long)
@@ -123,19 +161,12 @@ def collate(samples: Sequence[TrainSample], pad_id: int, device: torch.device, w
         input_ids[row, prompt_width:completion_end] = torch.tensor(sample.completion_ids, dtype=torch.long)
         attention[row, :prompt_end] = 1
         attention[row, prompt_width:completion_end] = 1
-        if sample.loss_mask is None:
-            completion_mask[row, : len(sample.completion_ids)] = 1.0
-        else:  # an episode: the environment's tokens are context, never trained on
-            completion_mask[row, : len(sample.completion_ids)] = torch.tensor(sample.loss_mask, dtype=torch.float32)
-        logprobs[row, : len(sample.completion_ids)] = torch.tensor(sample.sampling_logprobs, dtype=torch.float32)
     positions = (attention.cumsum(dim=1) - 1).clamp(min=0)  # [B, P + T] a repeat keeps its prompt's last position
     return MicroBatch(
         input_ids=input_ids.to(device),
         attention_mask=attention.to(device),
         position_ids=positions.to(device),
-        completion_mask=completion_mask.to(device),
-        sampling_logprobs=logprobs.to(device),
-        advantages=torch.tensor([s.advantage for s in samples], dtype=torch.float32, device=device),
+        loss_inputs=LossInputs.of(samples, width, lambda tensor: tensor.to(device)),
     )
 
 
@@ -150,11 +181,11 @@ def completion_logprobs(logits: torch.Tensor, batch: MicroBatch, temperature: fl
 
     Position p's logits predict token p + 1, so the T completion tokens are read from the T positions
     before the last one."""
-    logits = logits[:, -(batch.completion_mask.shape[1] + 1) : -1]  # [B, T, V]
+    logits = logits[:, -(batch.loss_inputs.width + 1) : -1]  # [B, T, V]
     targets = batch.completion_ids  # [B, T]
     rows = max(1, LOGSOFTMAX_CHUNK_ELEMENTS // max(logits.shape[1] * logits.shape[2], 1))
     if rows >= logits.shape[0] or not torch.is_grad_enabled():
-        return _token_logprobs(logits, targets, temperature) * batch.completion_mask
+        return _token_logprobs(logits, targets, temperature) * batch.loss_inputs.completion_mask
     from torch.utils.checkpoint import checkpoint
 
     chunks = [
@@ -162,7 +193,7 @@ def completion_logprobs(logits: torch.Tensor, batch: MicroBatch, temperature: fl
                                       use_reentrant=False))
         for i in range(0, logits.shape[0], rows)
     ]
-    return torch.cat(chunks) * batch.completion_mask  # [B, T]
+    return torch.cat(chunks) * batch.loss_inputs.completion_mask  # [B, T]
 
 
 def _token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -175,7 +206,7 @@ def completion_entropy(logits: torch.Tensor, batch: MicroBatch, temperature: flo
     """The policy's entropy (nats) at each completion position, at `temperature`. logits: [B, K, V] as for
     `completion_logprobs` -> [B, T]. Rows are done in chunks of the same size as the log-softmax, so no [B, T, V]
     fp32 copy is held at once; with `grad` (the entropy bonus) each chunk is recomputed in the backward pass."""
-    logits = logits[:, -(batch.completion_mask.shape[1] + 1) : -1]  # [B, T, V]
+    logits = logits[:, -(batch.loss_inputs.width + 1) : -1]  # [B, T, V]
     rows = max(1, LOGSOFTMAX_CHUNK_ELEMENTS // max(logits.shape[1] * logits.shape[2], 1))
     if not grad:
         with torch.no_grad():
@@ -185,7 +216,7 @@ def completion_entropy(logits: torch.Tensor, batch: MicroBatch, temperature: flo
 
         parts = [cast(torch.Tensor, checkpoint(_token_entropy, logits[i : i + rows], temperature, use_reentrant=False))
                  for i in range(0, logits.shape[0], rows)]
-    return torch.cat(parts) * batch.completion_mask  # [B, T]
+    return torch.cat(parts) * batch.loss_inputs.completion_mask  # [B, T]
 
 
 def _token_entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -9,20 +9,19 @@ normaliser but never run through the model: on CPU this often halves the step ti
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 import torch
 
 from grpo_pipe.config.errors import failed
 from grpo_pipe.interfaces import ChecksItsConfig, PolicyLoss
 from grpo_pipe.trainer import token_budget
-from grpo_pipe.trainer.batch import MicroBatch, TrainSample, collate, completion_entropy, completion_logprobs
+from grpo_pipe.trainer.batch import TrainSample, collate
 from grpo_pipe.trainer.batch_plan import (
     BatchPlan,
     PassCache,
@@ -33,13 +32,14 @@ from grpo_pipe.trainer.batch_plan import (
 )
 from grpo_pipe.trainer.compiled import COMPILED_WIDTH_MULTIPLE, compile_layers, compile_on, warm_up
 from grpo_pipe.trainer.diagnosis import non_finite_gradients, second_pass
-from grpo_pipe.trainer.lm_head import causal_lm_parts, head_logprobs, logits_logprobs
+from grpo_pipe.trainer.lm_head import causal_lm_parts
 from grpo_pipe.trainer.loss import GRPOLoss
 from grpo_pipe.trainer.mismatch import MismatchSums, mismatch_sums
 from grpo_pipe.trainer.packed_attention import packing_problem, use_packed_attention
-from grpo_pipe.trainer.packing import PackedBatch, pack, sequence_tokens
+from grpo_pipe.trainer.packing import pack, sequence_tokens
 from grpo_pipe.trainer.precision import Precision
 from grpo_pipe.trainer.rng import restore_rng, rng_state
+from grpo_pipe.trainer.scoring import Scorer, is_sharded, takes_logits_to_keep
 from grpo_pipe.trainer.settings import BatchingSettings, OptimisationSettings, PrecisionSettings
 from grpo_pipe.trainer.throughput import ModelShape, peak_flops, throughput_metrics
 from grpo_pipe.types import RolloutGroup
@@ -74,16 +74,6 @@ class TrainablePolicy(Protocol):
             inputs: The model's forward arguments (input ids, positions or attention mask, `logits_to_keep`).
         """
         ...
-
-
-def takes_logits_to_keep(module: torch.nn.Module | None) -> bool:
-    """Whether the causal LM's forward takes Hugging Face's `logits_to_keep` (most do; custom code may not).
-    With it the vocabulary projection and its activations cover the completions only, not the prompts."""
-    if module is None:
-        return False
-    unwrap = getattr(module, "get_base_model", None)  # through a peft wrapper to the causal LM
-    base = cast(torch.nn.Module, unwrap()) if callable(unwrap) else module
-    return "logits_to_keep" in inspect.signature(base.forward).parameters
 
 
 class GRPOTrainer:
@@ -122,11 +112,9 @@ class GRPOTrainer:
         self.micro_batch_size = batching.micro_batch_size or default_micro_batch_size()  # resolved for this machine
         self.max_tokens = batching.max_tokens or default_max_tokens()
         self.packed = batching.packed  # may be turned off in setup for a model whose attention cannot pack
-        self.head: torch.nn.Module | None = None  # the lm head, run in chunks on the scored positions (packed)
-        self.decoder: torch.nn.Module | None = None  # the model below its head (packed)
+        self.scorer: Scorer | None = None  # runs the model on a micro-batch, padded or packed (built in setup)
         self.shape: ModelShape | None = None  # for the FLOP count (train/mfu); None: the config lacks the numbers
         self.peak: float | None = None  # the device's dense bf16 peak, FLOP/s; None: not known
-        self.fused_head = False  # the head's log-softmax compiled into one function (with compiled layers; lm_head.py)
         self.dtypes = Precision(torch.float32, None)  # resolved for the device in setup
         self.version = 0  # bumped by every step that applied at least one optimizer update
         self.bad_steps_in_a_row = 0
@@ -135,7 +123,6 @@ class GRPOTrainer:
         self.optimizer: torch.optim.Optimizer | None = None
         self.scheduler: Any = None
         self.pad_id = 0
-        self.logits_to_keep = False  # whether the model projects only the positions asked for (set in setup)
         self.width_multiple = 1  # micro-batch widths are padded to a multiple of this (8 for compiled layers)
 
     def config_problems(self) -> list[str]:
@@ -156,69 +143,56 @@ class GRPOTrainer:
         self.pad_id = pad_id
         self.dtypes = Precision.resolve(self.precision.dtype, self.precision.autocast, device)
         self.policy.load(model_path, device, self.dtypes.weights)
-        self.logits_to_keep = takes_logits_to_keep(self.policy.module)
-        self._set_up_packing()
+        module = self.policy.module
+        assert module is not None, "the policy loaded no model"
+        parts = self._set_up_packing(module)
         self._set_up_throughput()
-        if compile_on(self.precision.compile, device) and self.policy.module is not None:
-            compile_layers(self.policy.module, packed=self.packed)
-            self.fused_head = self.packed
-            warm_up(self.policy.module, self.pad_id, device, self.dtypes.autocast, self.logits_to_keep,
+        compiled = compile_on(self.precision.compile, device)
+        if compiled:
+            compile_layers(module, packed=self.packed)
+        self.scorer = Scorer(module=module, reference_logits=self.policy.reference_logits, device=device,
+                             dtypes=self.dtypes, logits_to_keep=takes_logits_to_keep(module), parts=parts,
+                             fused_head=compiled and self.packed)
+        if compiled:
+            warm_up(module, self.pad_id, device, self.dtypes.autocast, self.scorer.logits_to_keep,
                     score=self._warm_up_score if self.packed else None)
             self.width_multiple = COMPILED_WIDTH_MULTIPLE
         if self.loss.needs_reference:
             self.policy.keep_reference()
-        if self._sizes_passes_from_memory():  # after everything the trainer keeps on the card, before any update
-            self._set_max_tokens_from_memory()
+        if self._sizes_passes_from_memory(module):  # after everything the trainer keeps on the card, before any update
+            self.max_tokens = token_budget.measured_max_tokens(self._warm_up_score, module, self.pad_id, device,
+                                                               self.policy.trainable_parameters())
         self.optimizer = self.optimisation.make_optimizer(self.policy.trainable_parameters())
         self.scheduler = self.optimisation.make_scheduler(self.optimizer, self.steps)
 
     def _warm_up_score(self, samples: list[TrainSample]) -> torch.Tensor:
         """A packed micro-batch's log-probs and entropy through the trainer's own path (compiles what training runs)."""
+        assert self.scorer is not None
         batch = pack(samples, self.device, COMPILED_WIDTH_MULTIPLE)
-        logprobs, entropy = self._policy_scores(batch, 1.0, entropy_grad=True, need_entropy=True)
+        logprobs, entropy = self.scorer.policy_scores(batch, 1.0, entropy_grad=True, need_entropy=True)
         assert entropy is not None
         return logprobs + entropy
 
-    def _sizes_passes_from_memory(self) -> bool:
+    def _sizes_passes_from_memory(self, module: torch.nn.Module) -> bool:
         """`trainer.batching.max_tokens: null` on a GPU, packed, one device: the budget is measured (token_budget.py).
         A sharded rank keeps the fixed default: every rank must cut a batch the same way."""
-        module = self.policy.module
         return (self.batching.max_tokens is None and self.packed and self.device.type == "cuda"
-                and module is not None and not is_sharded(module))
+                and not is_sharded(module))
 
-    def _set_max_tokens_from_memory(self) -> None:
-        module = self.policy.module
-        assert module is not None
-
-        def run_pass(tokens: int) -> None:
-            rows = 8  # sequences of equal length, as a packed micro-batch of short completions holds
-            length = tokens // rows - 2
-            samples = [TrainSample(prompt_ids=(self.pad_id,) * 2, completion_ids=(self.pad_id,) * length,
-                                   sampling_logprobs=(0.0,) * length, advantage=0.0, policy_version=0)] * rows
-            self._warm_up_score(samples).float().mean().backward()
-            module.zero_grad(set_to_none=True)
-
-        measured = token_budget.probe(run_pass, self.device)
-        self.max_tokens = token_budget.budget(
-            measured, token_budget.optimizer_state_bytes(self.policy.trainable_parameters()))
-        log.info("%s", token_budget.describe(measured, self.max_tokens))
-
-    def _set_up_packing(self) -> None:
+    def _set_up_packing(self, module: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module] | None:
         """Packed micro-batches need the model's attention switched to the packed kind and its head apart from its
         decoder; a model that cannot (sliding windows, logits that are more than the head's output) is trained on
-        padded micro-batches, and the log says why."""
-        module = self.policy.module
-        if not self.packed or module is None:
-            return
+        padded micro-batches, and the log says why. Returns the decoder and head to run apart (None: run whole)."""
+        if not self.packed:
+            return None
         parts = causal_lm_parts(module)
         why = packing_problem(getattr(module, "config", None)) if parts else "its logits are not its lm head's output"
         if why is not None or parts is None:
             log.warning("Padded micro-batches for this model: %s (trainer.batching.packed)", why)
             self.packed = False
-            return
+            return None
         use_packed_attention(module)
-        if not is_sharded(module):  # a sharded root's hooks gather the head's weights: it runs whole (_policy_scores)
-            self.decoder, self.head = parts
+        return None if is_sharded(module) else parts  # a sharded root's hooks gather the head's weights: it runs whole
 
     def _set_up_throughput(self) -> None:
         """The model's shape for the FLOP count and the device's peak, for `train/mfu`; either may be unknown."""
@@ -316,8 +290,8 @@ class GRPOTrainer:
 
     def _accumulate(self, plan: BatchPlan, temperature: float, cache: PassCache) -> dict[str, float]:
         """One pass over the plan's micro-batches. `cache` keeps, per micro-batch, what the first pass saw."""
-        module = self.policy.module
-        assert module is not None and self.optimizer is not None, "trainer used before setup()"
+        scorer = self.scorer
+        assert scorer is not None and self.optimizer is not None, "trainer used before setup()"
         self.optimizer.zero_grad(set_to_none=True)
         first_pass = not cache.proximal
         # Nothing is read from the device until the pass ends: a read per micro-batch would make the host wait for
@@ -329,16 +303,18 @@ class GRPOTrainer:
             batch = (pack(samples, self.device, self.width_multiple) if self.packed
                      else collate(samples, self.pad_id, self.device, self.width_multiple))
             if first_pass:
-                cache.reference.append(self._reference_logprobs(batch, temperature))
-            new_logprobs, entropy = self._policy_scores(batch, temperature, bonus, need_entropy=first_pass or bonus)
+                cache.reference.append(scorer.reference_logprobs(batch, temperature) if self.loss.needs_reference
+                                       else None)
+            new_logprobs, entropy = scorer.policy_scores(batch, temperature, bonus, need_entropy=first_pass or bonus)
+            inputs = batch.loss_inputs  # the same [B, T] tensors, padded or packed
             if first_pass:  # the policy as the batch found it: the proximal reference of every later pass
                 cache.proximal.append(new_logprobs.detach())
                 assert entropy is not None
                 seen = entropy.detach()
-                mismatches.append(mismatch_sums(new_logprobs, batch.sampling_logprobs, batch.completion_mask,
+                mismatches.append(mismatch_sums(new_logprobs, inputs.sampling_logprobs, inputs.completion_mask,
                                                 self.loss.trust_region, seen))
             loss, step_stats = self.loss(
-                new_logprobs, batch.sampling_logprobs, batch.advantages, batch.completion_mask,
+                new_logprobs, inputs.sampling_logprobs, inputs.advantages, inputs.completion_mask,
                 plan.normaliser, ref_logprobs=cache.reference[index], proximal_logprobs=cache.proximal[index],
                 entropy=entropy if bonus else None,
             )
@@ -347,44 +323,6 @@ class GRPOTrainer:
             stats.append(step_stats)
         mismatch = MismatchSums.total(mismatches).metrics() if first_pass else {}
         return {"train/loss": float(loss_sum), **loss_metrics(stats), **mismatch}
-
-    def _policy_scores(self, batch: MicroBatch | PackedBatch, temperature: float, entropy_grad: bool,
-                       need_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The policy's log-probs of the completion tokens and its entropy at them, [B, T] each, zero where nothing
-        is scored; the entropy has a gradient only with `entropy_grad` (the entropy bonus). Packed, the entropy
-        comes with the log-probs from the same chunk of logits; padded, only when `need_entropy`."""
-        module = self.policy.module
-        assert module is not None
-        if isinstance(batch, PackedBatch):
-            with self.dtypes.autocast(self.device):
-                if self.decoder is not None and self.head is not None:
-                    hidden = self.decoder(**batch.model_inputs()).last_hidden_state  # [1, N, H]
-                    scored = hidden[0].index_select(0, batch.predicting)  # [M, H]
-                    logprobs, entropy = head_logprobs(scored, self.head, batch.targets, temperature, entropy_grad,
-                                                      fused=self.fused_head)
-                else:  # the whole model, its head on the scored positions only
-                    inputs = {**batch.model_inputs(), "logits_to_keep": batch.predicting}
-                    logits = module(**inputs).logits[0]  # [M, V]
-                    logprobs, entropy = logits_logprobs(logits, batch.targets, temperature, entropy_grad,
-                                                        fused=self.fused_head)  # [M]
-            return batch.scatter(logprobs), batch.scatter(entropy)
-        with self.dtypes.autocast(self.device):
-            logits = module(**batch.model_inputs(self.logits_to_keep)).logits  # [B, T + 1 or P + T, V]
-        new_logprobs = completion_logprobs(logits, batch, temperature)  # [B, T]
-        if not need_entropy:
-            return new_logprobs, None
-        return new_logprobs, completion_entropy(logits, batch, temperature, grad=entropy_grad)
-
-    def _reference_logprobs(self, batch: MicroBatch | PackedBatch, temperature: float) -> torch.Tensor | None:
-        if not self.loss.needs_reference:
-            return None
-        with torch.no_grad(), self.dtypes.autocast(self.device):
-            if isinstance(batch, PackedBatch):  # the frozen model's head on the scored positions only
-                inputs = {**batch.model_inputs(), "logits_to_keep": batch.predicting}
-                logits = self.policy.reference_logits(inputs)[0]  # [M, V]
-                return batch.scatter(logits_logprobs(logits, batch.targets, temperature, fused=self.fused_head)[0])
-            logits = self.policy.reference_logits(batch.model_inputs(self.logits_to_keep))
-            return completion_logprobs(logits, batch, temperature)  # [B, T]
 
     def _diagnose(self, plan: BatchPlan, temperature: float, cache: PassCache) -> str:
         """Why the last pass's gradient was not finite, from a second pass (trainer/diagnosis.py)."""
@@ -418,9 +356,3 @@ class GRPOTrainer:
         self.scheduler.step()
         return True, grad_norm
 
-
-def is_sharded(module: torch.nn.Module) -> bool:
-    """Whether `module` is sharded by FSDP (its forward must be entered at the root, whose hooks gather weights)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(module, FSDPModule)

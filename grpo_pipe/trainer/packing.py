@@ -3,7 +3,7 @@
 Each sequence (its prompt, then its completion) keeps its own positions, counted from 0 as the engine counted them,
 and attends only to itself: the attention (trainer/packed_attention.py) reads the sequences' bounds from
 `cu_seq_lens`, as FlashAttention's variable-length kernels do. The loss still sees [B, T] tensors, one row per
-completion, exactly as with padded micro-batches: only the model's input changes, so the loss family, the mismatch
+completion, the same `LossInputs` as padded micro-batches carry: only the model's input changes, so the loss family, the mismatch
 metrics and the optimizer are the same code on either layout.
 
 Why: a padded micro-batch of RL sequences (prompts 60-250 tokens, completions 20-512) spends much of its compute on
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from grpo_pipe.trainer.batch import TrainSample
+from grpo_pipe.trainer.batch import LossInputs, TrainSample
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,9 +33,7 @@ class PackedBatch:
         max_length: At least the longest L_i: a power of two, so a compiled layer sees few distinct values.
         predicting: [M] the row positions whose outputs predict the scored tokens (M = completion_mask.sum())
         targets: [M] the scored tokens, the ones the engine sampled.
-        completion_mask: [B, T] 1 on completion tokens the model sampled (0 on padding, environment tokens)
-        sampling_logprobs: [B, T].
-        advantages: [B].
+        loss_inputs: The completions' mask, sampling log-probs and advantages, [B, T] and [B], as padded.
     """
 
     input_ids: torch.Tensor
@@ -44,9 +42,7 @@ class PackedBatch:
     max_length: int
     predicting: torch.Tensor
     targets: torch.Tensor
-    completion_mask: torch.Tensor
-    sampling_logprobs: torch.Tensor
-    advantages: torch.Tensor
+    loss_inputs: LossInputs
 
     def model_inputs(self) -> dict[str, Any]:
         """Keyword arguments of the decoder's forward: no attention mask (the bounds say who sees whom), no cache.
@@ -59,8 +55,9 @@ class PackedBatch:
 
     def scatter(self, values: torch.Tensor) -> torch.Tensor:
         """[M] values of the scored tokens -> [B, T], zero where nothing is scored (differentiable)."""
-        out = torch.zeros(self.completion_mask.shape, dtype=values.dtype, device=values.device)  # [B, T]
-        return out.masked_scatter(self.completion_mask.bool(), values)
+        mask = self.loss_inputs.completion_mask  # [B, T]
+        out = torch.zeros(mask.shape, dtype=values.dtype, device=values.device)  # [B, T]
+        return out.masked_scatter(mask.bool(), values)
 
 
 def sequence_tokens(sample: TrainSample) -> int:
@@ -92,10 +89,8 @@ def pack(samples: Sequence[TrainSample], device: torch.device, width_multiple: i
     starts: list[int] = [0]
     predicting: list[torch.Tensor] = []
     targets: list[torch.Tensor] = []
-    width = max(max(len(s.completion_ids) for s in samples), 1)
-    completion_mask = torch.zeros((len(samples), width), dtype=torch.float32)
-    logprobs = torch.zeros((len(samples), width), dtype=torch.float32)
-    for row, sample in enumerate(samples):
+    width = max(max(len(s.completion_ids) for s in samples), 1)  # T of the loss's [B, T] inputs
+    for sample in samples:
         begin, prompt, count = len(ids), len(sample.prompt_ids), len(sample.completion_ids)
         ids += [*sample.prompt_ids, *sample.completion_ids]
         positions += range(len(ids) - begin)
@@ -105,8 +100,6 @@ def pack(samples: Sequence[TrainSample], device: torch.device, width_multiple: i
         # the output at the token before completion token t predicts it
         predicting.append((torch.arange(count) + (begin + prompt - 1))[mask])
         targets.append(torch.tensor(sample.completion_ids, dtype=torch.long)[mask])
-        completion_mask[row, :count] = mask
-        logprobs[row, :count] = torch.tensor(sample.sampling_logprobs, dtype=torch.float32)
     fill = -len(ids) % width_multiple
     if fill:  # a sequence of its own, so it changes no real sequence's attention
         ids += [ids[-1]] * fill
@@ -120,9 +113,7 @@ def pack(samples: Sequence[TrainSample], device: torch.device, width_multiple: i
         max_length=1 << (max(lengths) - 1).bit_length(),
         predicting=_to(torch.cat(predicting), device),
         targets=_to(torch.cat(targets), device),
-        completion_mask=_to(completion_mask, device),
-        sampling_logprobs=_to(logprobs, device),
-        advantages=_to(torch.tensor([s.advantage for s in samples], dtype=torch.float32), device),
+        loss_inputs=LossInputs.of(samples, width, lambda tensor: _to(tensor, device)),
     )
 
 

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from grpo_pipe.trainer.batch import TrainSample
+
 log = logging.getLogger(__name__)
 
 PROBE_TOKENS = (2048, 4096)
@@ -52,6 +54,32 @@ def probe(run_pass: Callable[[int], None], device: torch.device) -> MemoryProbe:
     unused = torch.cuda.memory_reserved(device) - allocated
     return MemoryProbe(bytes_per_token=per_token, fixed_bytes=max(peaks[0] - per_token * PROBE_TOKENS[0], 0.0),
                        allocated_bytes=float(allocated), available_bytes=float(free + unused), total_bytes=float(total))
+
+
+def measured_max_tokens(score: Callable[[list[TrainSample]], torch.Tensor], module: torch.nn.Module, pad_id: int,
+                        device: torch.device, parameters: list[torch.nn.Parameter]) -> int:
+    """The tokens per packed micro-batch that fit the card, from probe passes through the trainer's own scoring.
+
+    Args:
+        score: The trainer's log-probs and entropy of a packed micro-batch of these samples, with their gradients.
+        module: The policy's model, whose gradients each probe pass frees.
+        pad_id: The token the probe sequences are made of.
+        device: The trainer's card.
+        parameters: The trainable weights, whose optimizer states are not yet on the card.
+    """
+
+    def run_pass(tokens: int) -> None:
+        rows = 8  # sequences of equal length, as a packed micro-batch of short completions holds
+        length = tokens // rows - 2
+        samples = [TrainSample(prompt_ids=(pad_id,) * 2, completion_ids=(pad_id,) * length,
+                               sampling_logprobs=(0.0,) * length, advantage=0.0, policy_version=0)] * rows
+        score(samples).float().mean().backward()
+        module.zero_grad(set_to_none=True)
+
+    measured = probe(run_pass, device)
+    tokens = budget(measured, optimizer_state_bytes(parameters))
+    log.info("%s", describe(measured, tokens))
+    return tokens
 
 
 def budget(measured: MemoryProbe, optimizer_state_bytes: float) -> int:

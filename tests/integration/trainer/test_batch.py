@@ -7,8 +7,8 @@ import torch
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.trainer import batch as batch_module
 from grpo_pipe.trainer.batch import TrainSample, collate, completion_logprobs
-from grpo_pipe.trainer.grpo import takes_logits_to_keep
 from grpo_pipe.trainer.policy import FullFinetunePolicy, LoraPolicy
+from grpo_pipe.trainer.scoring import takes_logits_to_keep
 
 TEMPERATURE = 0.7
 
@@ -52,7 +52,7 @@ def test_padded_micro_batch_matches_each_sample_alone(policy_cls: type, logits_t
     batch = collate(samples, pad_id=0, device=torch.device("cpu"))
     with torch.no_grad():
         logits = model(**batch.model_inputs(logits_to_keep)).logits
-    width = batch.completion_mask.shape[1]
+    width = batch.loss_inputs.width
     assert logits.shape[1] == (width + 1 if logits_to_keep else batch.input_ids.shape[1])
     got = completion_logprobs(logits, batch, TEMPERATURE)  # [B, T]
     for row, sample in enumerate(samples):
@@ -74,7 +74,7 @@ def test_chunked_log_softmax_gives_the_same_values_and_gradients(monkeypatch: py
 
     whole, whole_grads = values_and_grads()
     vocab = model.config.vocab_size
-    monkeypatch.setattr(batch_module, "LOGSOFTMAX_CHUNK_ELEMENTS", batch.completion_mask.shape[1] * vocab)  # a row each
+    monkeypatch.setattr(batch_module, "LOGSOFTMAX_CHUNK_ELEMENTS", batch.loss_inputs.width * vocab)  # a row each
     chunked, chunked_grads = values_and_grads()
     torch.testing.assert_close(chunked, whole, rtol=0, atol=0)
     assert len(chunked_grads) == len(whole_grads) > 0

@@ -87,8 +87,9 @@ def test_collate_pads_the_width_to_a_multiple_and_masks_the_padding() -> None:
     assert plain.input_ids.shape[1] % 8 != 0 and padded.input_ids.shape[1] % 8 == 0
     extra = padded.input_ids.shape[1] - plain.input_ids.shape[1]
     assert torch.equal(padded.input_ids[:, : plain.input_ids.shape[1]], plain.input_ids)
-    assert torch.equal(padded.completion_mask[:, : plain.completion_mask.shape[1]], plain.completion_mask)
-    assert padded.attention_mask[:, -extra:].sum() == 0 and padded.completion_mask[:, -extra:].sum() == 0
+    plain_mask, padded_mask = plain.loss_inputs.completion_mask, padded.loss_inputs.completion_mask
+    assert torch.equal(padded_mask[:, : plain.loss_inputs.width], plain_mask)
+    assert padded.attention_mask[:, -extra:].sum() == 0 and padded_mask[:, -extra:].sum() == 0
 
 
 def test_micro_batching_accumulates_the_full_batch_gradient() -> None:
@@ -243,7 +244,7 @@ def test_mismatch_is_zero_when_the_sampler_reported_the_trainers_own_log_probs()
     for sample in plan.active:
         batch = collate([sample], 0, torch.device("cpu"))
         with torch.no_grad():
-            logits = trainer.policy.module(**batch.model_inputs(trainer.logits_to_keep)).logits
+            logits = trainer.policy.module(**batch.model_inputs(trainer.scorer.logits_to_keep)).logits
         own = completion_logprobs(logits, batch, 1.0)[0, : len(sample.completion_ids)].tolist()
         exact.append(dataclasses.replace(sample, sampling_logprobs=tuple(own)))
     same = trainer._accumulate(dataclasses.replace(plan, active=exact), 1.0, PassCache())

@@ -50,8 +50,9 @@ def test_packed_log_probs_and_entropy_equal_the_padded_ones(policy: str) -> None
     packed, padded = _trainer(True, policy), _trainer(False, policy)
     assert packed.packed and packed.policy.module.config._attn_implementation == ATTENTION_NAME
     samples = _samples()
+    assert packed.scorer is not None and packed.scorer.parts is not None  # the head runs apart on the scored positions
     with torch.no_grad():
-        got, got_entropy = packed._policy_scores(pack(samples, CPU), TEMPERATURE, False, need_entropy=True)
+        got, got_entropy = packed.scorer.policy_scores(pack(samples, CPU), TEMPERATURE, False, need_entropy=True)
         batch = collate(samples, 0, CPU)
         logits = padded.policy.module(**batch.model_inputs(True)).logits
         want = completion_logprobs(logits, batch, TEMPERATURE)  # [B, T]

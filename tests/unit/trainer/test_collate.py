@@ -64,5 +64,5 @@ def test_completions_start_at_one_column_and_their_masks_follow_them() -> None:
     batch = collate(SAMPLES, PAD, torch.device("cpu"), width_multiple=8)
     assert batch.input_ids.shape[1] % 8 == 0
     assert batch.completion_ids[:, :3].tolist() == [[21, 22, PAD], [41, 42, 43], [61, PAD, PAD]]
-    assert batch.completion_mask[:, :3].tolist() == [[1, 1, 0], [1, 1, 1], [1, 0, 0]]
-    assert batch.completion_mask[:, 3:].sum() == 0
+    assert batch.loss_inputs.completion_mask[:, :3].tolist() == [[1, 1, 0], [1, 1, 1], [1, 0, 0]]
+    assert batch.loss_inputs.completion_mask[:, 3:].sum() == 0

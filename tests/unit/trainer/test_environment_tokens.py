@@ -23,14 +23,15 @@ def test_environment_tokens_get_exactly_zero_gradient_and_no_share_of_the_normal
     sample = flatten([group], [1.5])[0]
     assert sample.trained_tokens == 3 and sample.loss_mask == MASK
     batch = collate([sample], pad_id=0, device=torch.device("cpu"))
-    assert batch.completion_mask.tolist() == [[1.0, 1.0, 0.0, 0.0, 0.0, 1.0]]
+    assert batch.loss_inputs.completion_mask.tolist() == [[1.0, 1.0, 0.0, 0.0, 0.0, 1.0]]
     logits = torch.randn(1, 3 + 6, 16, requires_grad=True)  # [B, P + T, V]
     for aggregation in ("sequence_mean", "token_mean", "constant"):
         loss_fn = GRPOLoss(aggregation=aggregation, max_tokens=8)
         logits.grad = None
         new = completion_logprobs(logits, batch, temperature=1.0)  # [B, T]
         normaliser = loss_fn.normaliser([sample.trained_tokens])
-        loss, stats = loss_fn(new, batch.sampling_logprobs, batch.advantages, batch.completion_mask, normaliser)
+        inputs = batch.loss_inputs
+        loss, stats = loss_fn(new, inputs.sampling_logprobs, inputs.advantages, inputs.completion_mask, normaliser)
         loss.backward()
         assert logits.grad is not None
         # position p predicts completion token p - P + 1: tokens 2, 3, 4 are the environment's

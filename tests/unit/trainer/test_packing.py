@@ -31,8 +31,9 @@ def test_sequences_lie_end_to_end_with_their_own_positions_and_bounds() -> None:
     # the output at the token before each completion token predicts it
     assert batch.predicting.tolist() == [2, 3, 6, 7, 8, 9]
     assert batch.targets.tolist() == [13, 14, 52, 53, 54, 55]
-    assert batch.completion_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
-    assert batch.sampling_logprobs[0, :2].tolist() == [-0.5, -1.5] and batch.sampling_logprobs[0, 2:].tolist() == [0, 0]
+    inputs = batch.loss_inputs
+    assert inputs.completion_mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 1]]
+    assert inputs.sampling_logprobs[0, :2].tolist() == [-0.5, -1.5] and inputs.sampling_logprobs[0, 2:].tolist() == [0, 0]
 
 
 def test_an_episodes_environment_tokens_are_in_the_row_but_never_scored() -> None:
@@ -40,7 +41,7 @@ def test_an_episodes_environment_tokens_are_in_the_row_but_never_scored() -> Non
     batch = pack([_sample(2, 4, mask)], CPU)
     assert batch.input_ids.shape[1] == 6  # the environment's tokens are context
     assert batch.predicting.tolist() == [1, 4] and batch.targets.tolist() == [12, 15]
-    assert batch.completion_mask.tolist() == [[1, 0, 0, 1]]
+    assert batch.loss_inputs.completion_mask.tolist() == [[1, 0, 0, 1]]
 
 
 def test_scatter_puts_scored_values_back_in_their_completion_rows() -> None:
