@@ -41,10 +41,10 @@ from grpo_pipe.benchmarks.trl_job import render_text, scored_completion, train_p
 from grpo_pipe.benchmarks.trl_tools import EnvironmentWithTools
 from grpo_pipe.config.errors import InputError
 from grpo_pipe.config.sources import CONF_DIR
+from grpo_pipe.evaluation.by_group import group_metrics
 from grpo_pipe.interfaces import Environment, Reward
 from grpo_pipe.runner.components import Components, build
 from grpo_pipe.runner.recipe import GRPORecipe
-from grpo_pipe.evaluation.by_group import group_metrics
 from grpo_pipe.types import Completion, RewardOutput, RolloutGroup, SamplingSettings, Task
 
 log = logging.getLogger(__name__)
