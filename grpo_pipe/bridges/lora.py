@@ -68,7 +68,12 @@ class AdapterTransport(Protocol):
 
 class MemoryTransport:
     """One flat buffer in the engine's dtype that the engine's worker mapped once; the worker builds each
-    adapter from it through vLLM's `add_lora`."""
+    adapter from it through vLLM's `add_lora`.
+
+    Args:
+        engine: The engine on this machine whose worker maps the buffer and builds each adapter from it.
+        policy: The trained policy: its adapter's tensors size the buffer, its adapter config goes to the worker.
+    """
 
     def __init__(self, engine: MemoryAdapterEngine, policy: AdapterPolicy) -> None:
         self.engine = engine
@@ -97,7 +102,11 @@ class MemoryTransport:
 
 
 class FolderTransport:
-    """peft's adapter folder, written where the engine can read it (RAM-backed where possible) and loaded by path."""
+    """peft's adapter folder, written where the engine can read it (RAM-backed where possible) and loaded by path.
+
+    Args:
+        engine: The engine that loads each adapter folder by path.
+    """
 
     def __init__(self, engine: AdapterEngine) -> None:
         self.engine = engine

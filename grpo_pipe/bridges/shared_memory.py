@@ -118,6 +118,10 @@ class SharedBuckets:
     A sync copies the trainer's tensors into them (one device copy, casting where needed); the
     worker then copies them into its own parameters. GPU: device memory shared by CUDA IPC;
     CPU: files in a RAM-backed folder, mapped by both processes.
+
+    Args:
+        buckets: The planned buckets (`plan_buckets`): one flat buffer each, of its tensors in the engine's dtype.
+        device: Where the trainer's tensors live: device memory on a GPU, a RAM-backed file per bucket on a CPU.
     """
 
     def __init__(self, buckets: Sequence[Bucket], device: torch.device) -> None:

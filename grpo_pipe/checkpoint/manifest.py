@@ -38,7 +38,11 @@ def manifest_problems(folder: Path, required: Sequence[str]) -> list[str]:
 
 class HashingFile:
     """A file opened for writing that hashes and counts the bytes written to it, and keeps the first OSError:
-    torch.save reports a failed write as a RuntimeError without the errno."""
+    torch.save reports a failed write as a RuntimeError without the errno.
+
+    Args:
+        path: The file to create (or truncate) and write, unbuffered.
+    """
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -76,7 +80,11 @@ class HashingFile:
 
 
 class ManifestedFolder:
-    """Writes a checkpoint's files into its temporary folder, each fsync'ed, and the manifest of them last."""
+    """Writes a checkpoint's files into its temporary folder, each fsync'ed, and the manifest of them last.
+
+    Args:
+        folder: The checkpoint's temporary folder, which the files and the manifest are written into.
+    """
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder

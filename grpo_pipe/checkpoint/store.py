@@ -54,7 +54,11 @@ class CheckpointWriteError(RuntimeError):
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A checkpoint on disk."""
+    """A checkpoint on disk.
+
+    Args:
+        path: Its folder (`step-<N>`), holding the files its manifest lists.
+    """
 
     path: Path
 

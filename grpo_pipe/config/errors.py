@@ -9,7 +9,11 @@ from collections.abc import Sequence
 
 
 class ConfigError(ValueError):
-    """One or more invalid config values; the message lists every problem found."""
+    """One or more invalid config values; the message lists every problem found.
+
+    Args:
+        problems: Every problem found, each naming the key, its value and what is allowed.
+    """
 
     heading = "Invalid config"
 
@@ -21,7 +25,11 @@ class ConfigError(ValueError):
 class InputError(ConfigError):
     """What reading an input found wrong after the config passed: the same one list of problems, each naming the input
     and what to change. Raised where the input is read (data rows, a resume checkpoint, a hub repository, a tracking
-    server), never for a rule that the config alone decides: that is a `config_problems` entry."""
+    server), never for a rule that the config alone decides: that is a `config_problems` entry.
+
+    Args:
+        problems: Every problem found, each naming the input and what to change.
+    """
 
     heading = "Invalid input"
 

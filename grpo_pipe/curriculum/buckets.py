@@ -24,30 +24,52 @@ Bandwidth = float | Literal["scott", "silverman"]
 
 @dataclass(frozen=True, kw_only=True)
 class Bucket:
-    """Tasks whose EMA reward lies in [low, high) (the last bucket includes `high`)."""
+    """Tasks whose EMA reward lies in [low, high) (the last bucket includes `high`).
 
-    label: str  # "hard" ... "easy"
-    low: float  # reward scale
+    Args:
+        label: Its difficulty, "hard" ... "easy".
+        low: Its lower edge, on the reward scale.
+        high: Its upper edge, on the reward scale.
+        count: How many tasks it holds.
+        mean_reward: The mean EMA reward of its tasks.
+        normalised_mean: The same after min-max normalisation: 0 = hardest seen, 1 = easiest.
+        rollouts: Samples per prompt for its tasks.
+    """
+
+    label: str
+    low: float
     high: float
     count: int
-    mean_reward: float  # mean EMA reward of its tasks
-    normalised_mean: float  # the same after min-max normalisation: 0 = hardest seen, 1 = easiest
-    rollouts: int  # samples per prompt for its tasks
+    mean_reward: float
+    normalised_mean: float
+    rollouts: int
 
 
 @dataclass(frozen=True, kw_only=True)
 class BucketFit:
-    """One fit: the buckets plus what a report needs to show how they were found."""
+    """One fit: the buckets plus what a report needs to show how they were found.
 
-    rewards: list[float]  # [T] EMA rewards that were fit
-    boundaries: list[float]  # [B - 1] ascending, reward scale
-    buckets: list[Bucket]  # [B] ascending in reward: hardest first
-    grid: list[float]  # [G] reward scale
-    density: list[float]  # [G] KDE density per unit of reward; all 0 when no KDE could be fit
-    bandwidth: float  # KDE bandwidth on the normalised scale (0 when no KDE)
-    unseen_tasks: int = 0  # tasks with no reward yet (not fit; they get `default_rollouts`)
+    Args:
+        rewards: The EMA rewards that were fit.
+        boundaries: The cuts between buckets, ascending, on the reward scale.
+        buckets: The buckets, ascending in reward: hardest first.
+        grid: The points the KDE was evaluated at, on the reward scale.
+        density: The KDE density per unit of reward at each grid point; all 0 when no KDE could be fit.
+        bandwidth: The KDE bandwidth on the normalised scale (0 when no KDE).
+        unseen_tasks: Tasks with no reward yet (not fit; they get `default_rollouts`).
+        default_rollouts: Samples per prompt of a task of middle difficulty.
+        stats: Global stats of `rewards` (tasks, mean, std, min, median, max).
+    """
+
+    rewards: list[float]  # [T]
+    boundaries: list[float]  # [B - 1]
+    buckets: list[Bucket]  # [B]
+    grid: list[float]  # [G]
+    density: list[float]  # [G]
+    bandwidth: float
+    unseen_tasks: int = 0
     default_rollouts: int = 0
-    stats: dict[str, float] = field(default_factory=dict)  # global stats of `rewards`
+    stats: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,10 +11,14 @@ from grpo_pipe.types import Task
 
 class ShuffledPasses:
     """Every task once per pass, in an order derived from (seed, pass) alone: a resumed run sees exactly
-    the order the uninterrupted one would have."""
+    the order the uninterrupted one would have.
+
+    Args:
+        seed: A number, or several (a curriculum's seed and a level: passes of their own per level).
+    """
 
     def __init__(self, seed: int | tuple[int, ...]) -> None:
-        self.seed = seed  # a number, or several (a curriculum's seed and a level: passes of their own per level)
+        self.seed = seed
         self.tasks: list[Task] = []
         self.pass_index = 0
         self.position = 0  # tasks of the current pass already taken

@@ -24,7 +24,11 @@ EVAL_GROUP_KEY = "eval_group"
 
 @dataclass
 class SkippedRows:
-    """Rows left out of a dataset, with why: reported as a metric and in the log."""
+    """Rows left out of a dataset, with why: reported as a metric and in the log.
+
+    Args:
+        reasons: One line per skipped row, naming where it is and why it was skipped.
+    """
 
     reasons: list[str] = field(default_factory=list)
 
@@ -54,12 +58,20 @@ def bad_rows_problem(skipped: Sequence[str], usable: int, max_fraction: float) -
 
 @dataclass(frozen=True, kw_only=True)
 class RowFormat:
-    """Which columns of a row hold what."""
+    """Which columns of a row hold what.
 
-    prompt_key: str = "prompt"  # text, or a list of {"role", "content"} messages
+    Args:
+        prompt_key: The column with the prompt: text, or a list of {"role", "content"} messages.
+        answer_key: The column with the reference answer.
+        metadata_keys: Columns passed to the reward; None = every other column.
+        answer_after: E.g. `####`: the reference is the text after the last marker.
+        max_prompt_chars: Longer prompts are skipped and counted.
+    """
+
+    prompt_key: str = "prompt"
     answer_key: str = "answer"
-    metadata_keys: tuple[str, ...] | None = None  # None: every other column
-    answer_after: str | None = None  # e.g. "####": the reference is what follows the last marker
+    metadata_keys: tuple[str, ...] | None = None
+    answer_after: str | None = None
     max_prompt_chars: int = 20_000
 
     def missing_columns(self, columns: Iterable[str]) -> list[str]:
@@ -152,12 +164,19 @@ class SplitTaskSource:
     """What every file-backed task source shares (`data=gsm8k`, `data=jsonl`, `data=hf`): the size limits, the
     system prompt, the share of rows that may be skipped, the skipped rows, and the splits read once. A source is a
     dataclass of its own settings on top of these (the config's keys are the fields of all, flat: `data.max_train`)
-    and reads its rows in `read_splits`."""
+    and reads its rows in `read_splits`.
+
+    Args:
+        max_train: At most this many train tasks; None = all.
+        max_eval: At most this many eval tasks; None = all.
+        system_prompt: The system message put first in every prompt.
+        max_bad_fraction: Share of rows that may be skipped (counted); 0 = a skipped row is an error.
+    """
 
     max_train: int | None = None
     max_eval: int | None = None
     system_prompt: str = ""
-    max_bad_fraction: float = 0.0  # share of rows that may be skipped (counted); 0 = any is an error
+    max_bad_fraction: float = 0.0
     skipped: SkippedRows = field(init=False, repr=False, default_factory=lambda: SkippedRows())
     _split: tuple[list[Task], list[Task]] | None = field(init=False, repr=False, default=None)
 
@@ -186,14 +205,29 @@ class SplitTaskSource:
 @dataclass(kw_only=True, eq=False)
 class RowTaskSource(SplitTaskSource):
     """Sources of table rows (`data=jsonl`, `data=hf`): which columns hold the prompt, the answer and the metadata,
-    and a seeded held-out fraction of the train rows where there are no eval rows."""
+    and a seeded held-out fraction of the train rows where there are no eval rows.
+
+    Args:
+        max_train: At most this many train tasks; None = all.
+        max_eval: At most this many eval tasks; None = all.
+        system_prompt: The system message put first in every prompt.
+        max_bad_fraction: Share of rows that may be skipped (counted); 0 = a skipped row is an error.
+        prompt_key: The column with the question text or chat messages.
+        answer_key: The column with the reference answer.
+        metadata_keys: Columns that travel with the task to the reward; None = every other column.
+        answer_after: The answer is what follows this marker in the answer column.
+        max_prompt_chars: Longer prompts are skipped and counted.
+        eval_fraction: Seeded held-out fraction of the train rows, used only when the source has no eval rows of its
+            own.
+        seed: The seed of the held-out fraction.
+    """
 
     prompt_key: str = "prompt"
     answer_key: str = "answer"
-    metadata_keys: list[str] | None = None  # null: every other column travels with the task
-    answer_after: str | None = None  # the answer is what follows this marker in the answer column
+    metadata_keys: list[str] | None = None
+    answer_after: str | None = None
     max_prompt_chars: int = 20_000
-    eval_fraction: float = 0.1  # used only when the source has no eval rows of its own
+    eval_fraction: float = 0.1
     seed: int = 0
     format: RowFormat = field(init=False, repr=False)
 

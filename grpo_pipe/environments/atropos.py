@@ -225,7 +225,19 @@ def suggested_settings(max_staleness: int) -> dict[str, str]:
 
 
 class AtroposSource:
-    """The recipe's `RolloutSource` for Atropos: each `take` is one batch pulled from the API server."""
+    """The recipe's `RolloutSource` for Atropos: each `take` is one batch pulled from the API server.
+
+    Args:
+        api: The API server the trainer is registered with, which batches are pulled from.
+        endpoint: The engine's HTTP endpoint the environments sample from; its log of what was served checks each
+            group.
+        processes: The environment processes, checked (and restarted) while the run waits for a batch.
+        limits: The vocabulary, context length and temperature every scored group is checked against.
+        max_staleness: Groups sampled more than this many policy versions behind are dropped and counted.
+        timeout_s: No batch this long: the run stops saying why.
+        overlap: The endpoint stays open while the trainer trains (see the module docstring).
+        evaluations: What the environments' own evaluations write, read back as `env_eval/*`; None: none.
+    """
 
     def __init__(self, *, api: AtroposApi, endpoint: EngineEndpoint, processes: EnvironmentProcesses, limits: Limits,
                  max_staleness: int, timeout_s: float, overlap: bool = False,
@@ -234,7 +246,7 @@ class AtroposSource:
         self.max_staleness = max_staleness
         self.stale_policy = "drop"  # the environments sample on their own: what is too old can only be dropped
         self.timeout_s = timeout_s
-        self.overlap = overlap  # the endpoint stays open while the trainer trains (see the module docstring)
+        self.overlap = overlap
         self.evaluations = evaluations or EnvironmentEvaluations([])
         self.ledger = Ledger()
         self.generation_intervals: list[tuple[float, float]] = []

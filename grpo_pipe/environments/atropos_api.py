@@ -42,9 +42,20 @@ class NoBatch(TimeoutError):
 
 @dataclass(frozen=True, kw_only=True)
 class Registration:
-    """What a trainer tells the API server (Atropos's `/register` body, in our words)."""
+    """What a trainer tells the API server (Atropos's `/register` body, in our words).
 
-    batch_size: int  # sequences per batch (groups x group size)
+    Args:
+        batch_size: Sequences per batch (groups x group size).
+        max_token_len: The longest sequence the trainer takes, in tokens (the engine's context length).
+        num_steps: The trainer steps of the run.
+        starting_step: The step the trainer starts at.
+        checkpoint_dir: Atropos's `checkpoint_dir`, as the server passes it on; empty: none named.
+        save_checkpoint_interval: Atropos's `save_checkpoint_interval`, as the server passes it on; 0: none.
+        group: The `wandb_group` named to the server.
+        project: The `wandb_project` named to the server.
+    """
+
+    batch_size: int
     max_token_len: int
     num_steps: int
     starting_step: int = 0
@@ -61,7 +72,15 @@ class Registration:
 
 
 class AtroposApi:
-    """A trainer registered with one Atropos API server."""
+    """A trainer registered with one Atropos API server.
+
+    Args:
+        url: The API server's base URL.
+        registration: What `register` tells the server (again when a server that lost its memory is found).
+        poll_s: Seconds between asks for a batch.
+        report_every_s: While waiting for a batch, a warning says so this often.
+        stop: Set when the run is stopping: a wait for a batch ends at once; None: a fresh event nothing sets.
+    """
 
     def __init__(self, *, url: str, registration: Registration, poll_s: float = 0.5, report_every_s: float = 30.0,
                  stop: threading.Event | None = None) -> None:
@@ -129,12 +148,18 @@ class AtroposApi:
 
 
 class AtroposServer:
-    """Atropos's API server (`run-api`) as a child process of the run, on 127.0.0.1."""
+    """Atropos's API server (`run-api`) as a child process of the run, on 127.0.0.1.
+
+    Args:
+        log_path: The file its output goes to.
+        port: The port it listens on; None: a free one.
+        host: The address it listens on.
+    """
 
     def __init__(self, log_path: Path, port: int | None = None, host: str = "127.0.0.1") -> None:
         self.host = host
         self.port = port or free_port(host)
-        self.log_path = log_path  # its output (uvicorn logs every request): a file, never a pipe nobody reads
+        self.log_path = log_path  # uvicorn logs every request: a file, never a pipe nobody reads
         self.process: subprocess.Popen[bytes] | None = None
         self._undertaker: Undertaker | None = None
 
@@ -238,20 +263,30 @@ class EnvironmentProcesses:
     """The environment processes the run starts (each `python SCRIPT serve ...` on atroposlib's BaseEnv), told where
     the endpoint, its token, the tokenizer and the API server are; one that dies is restarted up to `max_restarts`
     times in all (counted), then the run stops with its log's last lines. `python` runs them: the run's own
-    interpreter, or another environment's (a verifiers environment cannot share the run's)."""
+    interpreter, or another environment's (a verifiers environment cannot share the run's).
+
+    Args:
+        commands: Each process's own command (`[script.py, serve, --env.some_flag=value, ...]`).
+        connection: Flags every process gets after its own: the endpoint, the tokenizer, the group size and the API.
+        log_dir: The folder of each process's log, its config file and its evaluations, readable by the run's user
+            alone.
+        max_restarts: Processes that exit are restarted, this many times in all.
+        env: Environment variables set for every process, on top of this process's own.
+        python: The interpreter that runs them; None: the run's own.
+        secrets: Settings kept off the command line, where `ps` shows them to every user, in atroposlib's `--config`
+            file instead, e.g. {"openai.api_key": token}.
+        defaults: Settings the run suggests, e.g. {"env.max_batches_offpolicy": "2"}: a process gets each one unless
+            its command or its own config file sets it.
+    """
 
     def __init__(self, *, commands: Sequence[Sequence[str]], connection: Sequence[str], log_dir: Path,
                  max_restarts: int = 3, env: Mapping[str, str] | None = None, python: str | None = None,
                  secrets: Mapping[str, str] | None = None, defaults: Mapping[str, str] | None = None) -> None:
         self.commands = [list(c) for c in commands]
-        # Settings the run suggests, e.g. {"env.max_batches_offpolicy": "2"}: a process gets each one unless its
-        # command or its own config file sets it.
         self.defaults = dict(defaults or {})
         self.python = python or sys.executable
-        self.connection = list(connection)  # flags every process gets after its own (the run's endpoint and API)
-        # Settings kept off the command line, where `ps` shows them to every user: atroposlib's `--config` file
-        # (written for the owner alone), e.g. {"openai.api_key": token}.
-        self.secrets = dict(secrets or {})
+        self.connection = list(connection)
+        self.secrets = dict(secrets or {})  # `--config` is written for the owner alone
         self.log_dir = log_dir
         self.max_restarts = max_restarts
         self.env = dict(env or {})
@@ -346,7 +381,11 @@ class EnvironmentEvaluations:
     """What the environments' own evaluations wrote (atroposlib's `evaluate_log`: `metrics.json`, and `samples.jsonl`
     when given samples), read back once each time a file changes: numbers as `env_eval/<process>/<metric>`, the files
     to keep with the run. A file that does not parse is named in one warning and skipped: an environment's mistake
-    never stops the run."""
+    never stops the run.
+
+    Args:
+        folders: Each environment process's evaluations folder (`EnvironmentProcesses.evaluations_dir`).
+    """
 
     def __init__(self, folders: Sequence[Path]) -> None:
         self.folders = list(folders)

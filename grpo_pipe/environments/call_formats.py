@@ -25,7 +25,13 @@ from grpo_pipe.environments.toolbox import Tool
 
 @dataclass(frozen=True)
 class ParsedTurn:
-    """What a model turn asked for: a call (name and arguments), a malformed call (`problem`), or nothing."""
+    """What a model turn asked for: a call (name and arguments), a malformed call (`problem`), or nothing.
+
+    Args:
+        name: The tool the turn calls; None: no call.
+        arguments: The call's arguments by name.
+        problem: Why the call is malformed, as the model is told; None: it is not.
+    """
 
     name: str | None = None
     arguments: Mapping[str, Any] = field(default_factory=dict)

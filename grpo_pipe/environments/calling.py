@@ -24,16 +24,28 @@ PRINT_BUFFER_CHARS = 64_000  # what a tool may print before the rest is dropped 
 
 @dataclass(frozen=True)
 class ToolResult:
-    """What the model sees as a tool's answer, and how the call went."""
+    """What the model sees as a tool's answer, and how the call went.
+
+    Args:
+        text: The answer the model sees (an error message for a failed call).
+        outcome: How the call went: `ok`, `error`, `timeout` or `truncated`.
+        seconds: How long the call took.
+    """
 
     text: str
-    outcome: str  # ok | error | timeout | truncated
+    outcome: str
     seconds: float
 
 
 @dataclass(frozen=True)
 class Call:
-    """One call to make: the callable and its arguments (or, for a malformed call, the problem to report)."""
+    """One call to make: the callable and its arguments (or, for a malformed call, the problem to report).
+
+    Args:
+        fn: The tool to call; None for a malformed call.
+        arguments: Its keyword arguments.
+        problem: What is wrong with a malformed call, reported to the model as its result; None: nothing.
+    """
 
     fn: Callable[..., Any] | None
     arguments: Mapping[str, Any]

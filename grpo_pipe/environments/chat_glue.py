@@ -15,6 +15,13 @@ _MARK = "\u2063GRPO_PIPE_TURN_END\u2063"  # invisible separator: text no templat
 
 
 class ChatGlue:
+    """Renders the text between two model turns with the model's chat template, and tokenizes it on its own.
+
+    Args:
+        tokenizer: The model's tokenizer, whose chat template renders the glue and whose end-of-turn token ends a turn.
+        system_prompt: The system message of the conversation rendered around the glue; empty: a placeholder.
+    """
+
     def __init__(self, tokenizer: Any, system_prompt: str) -> None:
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt or "S"

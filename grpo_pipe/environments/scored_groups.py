@@ -33,7 +33,12 @@ class RefusedGroup(ValueError):
 
 @dataclass(frozen=True)
 class ScoredGroup:
-    """A group as the trainer takes it, with the environment's scores."""
+    """A group as the trainer takes it, with the environment's scores.
+
+    Args:
+        group: The prompt and its completions, with the engine's log-probs and policy versions.
+        scores: The environment's score of each completion, in order.
+    """
 
     group: RolloutGroup
     scores: tuple[float, ...]
@@ -41,9 +46,17 @@ class ScoredGroup:
 
 @dataclass(frozen=True)
 class Limits:
+    """What every scored group is checked against.
+
+    Args:
+        vocab_size: Token ids must lie in [0, vocab_size).
+        max_model_len: The longest sequence the engine takes, in tokens.
+        temperature: The run's sampling temperature; None: not checked.
+    """
+
     vocab_size: int
     max_model_len: int
-    temperature: float | None = None  # the run's: a span sampled at another has log-probs of another distribution
+    temperature: float | None = None  # a span sampled at another has log-probs of another distribution
 
 
 def read_scored_group(data: Mapping[str, Any], limits: Limits, served: ServedLog, uid: str) -> ScoredGroup:

@@ -33,7 +33,11 @@ ENVIRONMENT_METHODS = ("reset", "reward", "close")
 
 
 class ToolSpecError(ValueError):
-    """A tool or environment setting that cannot work; `problems` name each one."""
+    """A tool or environment setting that cannot work; `problems` name each one.
+
+    Args:
+        problems: Each setting that cannot work, and why.
+    """
 
     def __init__(self, problems: Sequence[str]) -> None:
         super().__init__("; ".join(problems))
@@ -42,10 +46,15 @@ class ToolSpecError(ValueError):
 
 @dataclass(frozen=True)
 class Tool:
-    """One tool as the model sees it (its JSON schema) and as the episode calls it."""
+    """One tool as the model sees it (its JSON schema) and as the episode calls it.
+
+    Args:
+        name: The name the model calls it by.
+        schema: Its JSON schema: `{"type": "function", "function": {"name", "description", "parameters"}}`.
+    """
 
     name: str
-    schema: dict[str, Any]  # {"type": "function", "function": {"name", "description", "parameters"}}
+    schema: dict[str, Any]
 
     @property
     def parameters(self) -> list[str]:
@@ -199,11 +208,16 @@ def method_schema(method: Callable[..., Any], name: str) -> dict[str, Any]:
 
 
 class EpisodeTools:
-    """The tools one episode calls: shared functions, or the methods of the episode's own environment instance."""
+    """The tools one episode calls: shared functions, or the methods of the episode's own environment instance.
+
+    Args:
+        tools: The callables by the name the model calls them.
+        instance: The environment object of this episode; None for plain functions.
+    """
 
     def __init__(self, tools: Mapping[str, Callable[..., Any]], instance: Any = None) -> None:
         self.tools = dict(tools)
-        self.instance = instance  # the environment object of this episode (None for plain functions)
+        self.instance = instance
         # What `reset(task)` returned: the prompt was rendered from the task before the episode started, so the model
         # never sees it (TRL appends a returned string to the prompt); the runner warns once when it is not None.
         self.reset_reply: Any = None

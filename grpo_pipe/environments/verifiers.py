@@ -77,12 +77,21 @@ def verifiers_environment(*, name: str, args: Mapping[str, Any] | None = None,
 
 
 class VerifiersWorkers:
-    """The worker processes of a verifiers environment: their commands and the rules of their settings."""
+    """The worker processes of a verifiers environment: their commands and the rules of their settings.
+
+    Args:
+        name: A taskset id: verifiers' own, or a module exporting one Taskset.
+        args: The rest of verifiers' env config, e.g. `{agent: {harness: {id: ...}}}`; None: none.
+        renderer: How verifiers' train client renders chats to tokens (a `renderers` config: `{name: qwen3}`, or a
+            name); None: the default renderer (the model's chat template).
+        python: The verifiers environment's interpreter; None: `.venv-verifiers/bin/python`.
+        processes: Workers, each with its own copy of the environment.
+    """
 
     def __init__(self, *, name: str, args: Mapping[str, Any] | None = None,
                  renderer: str | Mapping[str, Any] | None = None, python: str | None = None, processes: int = 1) -> None:
-        self.name = name  # a taskset id: a module exporting one verifiers Taskset (verifiers' own, or importable)
-        self.args = json.loads(json.dumps(dict(args or {})))  # the rest of verifiers' env config (harness, ...)
+        self.name = name
+        self.args = json.loads(json.dumps(dict(args or {})))
         self.renderer = _renderer_config(renderer)  # verifiers' `TrainClientConfig.renderer`; checked in config_problems
         self.python = python or str(VENV_PYTHON)  # resolved here; checked in config_problems
         self.processes = processes

@@ -81,7 +81,14 @@ def _merged(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
 
 
 class AtroposEnvironmentClient:
-    """This process as one environment of Atropos's API server."""
+    """This process as one environment of Atropos's API server.
+
+    Args:
+        url: The API server's base URL.
+        name: The name this environment registers under.
+        group_size: Rollouts per scored group it posts.
+        max_token_length: The longest sequence it posts, in tokens.
+    """
 
     def __init__(self, url: str, name: str, group_size: int, max_token_length: int) -> None:
         self.http = httpx.AsyncClient(base_url=url.rstrip("/"), timeout=60.0)

@@ -38,14 +38,23 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, kw_only=True)
 class EvalPlan:
-    """How to evaluate (from `run.*`)."""
+    """How to evaluate (from `run.*`).
+
+    Args:
+        max_tokens: The token budget of each held-out completion.
+        metric: Which measure is the score: `accuracy`, `reward` or `reward/<term>`.
+        pass_k: Samples per task for pass@k; 0 = greedy only.
+        temperature: The sampling temperature of the pass@k samples.
+        seed: The seed of the pass@k samples; None: unseeded.
+        extra: Further sampling settings (`run.sampling_extra`), e.g. where held-out answers stop, as in training.
+    """
 
     max_tokens: int
-    metric: str = "accuracy"  # accuracy | reward | reward/<term>
-    pass_k: int = 0  # samples per task for pass@k; 0 = greedy only
-    temperature: float = 1.0  # for the pass@k samples
+    metric: str = "accuracy"
+    pass_k: int = 0
+    temperature: float = 1.0
     seed: int | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)  # run.sampling_extra: where held-out answers stop too
+    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def fit_held_out(

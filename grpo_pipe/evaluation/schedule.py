@@ -18,14 +18,31 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LastEvaluation:
-    """The latest held-out evaluation: at which step, and what it measured."""
+    """The latest held-out evaluation: at which step, and what it measured.
+
+    Args:
+        step: The step it ran after (0: before training, or none yet).
+        metrics: What it measured, by metric key.
+    """
 
     step: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
 
 
 class HeldOutEvaluation:
-    """Greedy accuracy on the held-out split every `eval_every` steps, before and after training."""
+    """Greedy accuracy on the held-out split every `eval_every` steps, before and after training.
+
+    Args:
+        prompts: The held-out prompts as token ids, one per task.
+        tasks: The held-out tasks, in the order of `prompts`.
+        reward: Scores held-out completions: the run's own reward.
+        plan: The token budget, which metric is the score, pass@k.
+        eval_every: Evaluate every this many steps; 0 = only before and after training.
+        patience: Evaluations without a new best before the run stops; 0 = never.
+        checkpoints: Keeps the best value and writes `best/`.
+        export_best: Writes the current policy as a Hugging Face folder into the given path.
+        environment: Runs held-out tasks as the training rollouts run (tools allowed); None: one engine call each.
+    """
 
     def __init__(
         self,
@@ -42,16 +59,16 @@ class HeldOutEvaluation:
     ) -> None:
         self.prompts = list(prompts)
         self.tasks = list(tasks)
-        self.reward = reward  # held-out completions are scored by the run's own reward
-        self.plan = plan  # budget, which metric is the score, pass@k
-        self.eval_every = eval_every  # 0 = only before and after training
-        self.patience = patience  # evaluations without a new best before stopping; 0 = never
-        self.checkpoints = checkpoints  # keeps the best value and writes `best/`
-        self.export_best = export_best  # writes the current policy as a Hugging Face folder
+        self.reward = reward
+        self.plan = plan
+        self.eval_every = eval_every
+        self.patience = patience
+        self.checkpoints = checkpoints
+        self.export_best = export_best
         self.history: list[tuple[int, float]] = []  # (step, best_metric value)
         self.without_improvement = 0
         self.last = LastEvaluation()
-        self.environment = environment  # held-out tasks run as the training rollouts do (tools allowed); None: one engine call
+        self.environment = environment
         self.last_completions: list[Completion] = []  # the latest evaluation's greedy completions, one per task
 
     def due(self, step: int, last_step: int) -> bool:

@@ -40,7 +40,14 @@ TERMS = ("latency_ms", "generated_tokens", "kv_memory_mb", "spec_accept_rate", "
 
 @dataclass(frozen=True, kw_only=True)
 class KvShape:
-    """What one token costs in the KV cache."""
+    """What one token costs in the KV cache.
+
+    Args:
+        layers: The model's layers, each caching a key and a value per token.
+        kv_heads: Key/value heads per layer.
+        head_dim: Elements per head.
+        bytes_per_element: Bytes of one cached element (2 for bfloat16).
+    """
 
     layers: int
     kv_heads: int

@@ -20,7 +20,11 @@ Result = TypeVar("Result")
 
 @dataclass(frozen=True)
 class BackgroundRollout:
-    """A generation running on the engine's own thread (`VllmEngine(background=True)`)."""
+    """A generation running on the engine's own thread (`VllmEngine(background=True)`).
+
+    Args:
+        job: The generation's future on that thread.
+    """
 
     job: Future[GeneratedBatch]
 

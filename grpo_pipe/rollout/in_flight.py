@@ -57,8 +57,14 @@ class RunningCore(Protocol):
 
 
 class CoreInThisProcess:
+    """An engine core running in this process: its scheduler's own per-request counts are read between two steps.
+
+    Args:
+        requests: The scheduler's live requests by engine request id.
+    """
+
     def __init__(self, requests: Mapping[str, Any]) -> None:
-        self.requests = requests  # the scheduler's live requests by engine request id
+        self.requests = requests
 
     def token_counts(self) -> dict[tuple[str, int], int]:
         return {sample_key(rid): tokens_scheduled(req) for rid, req in self.requests.items()}
@@ -69,9 +75,16 @@ class CoreInThisProcess:
 
 
 class CoreInItsOwnProcess:
+    """An engine core in a process of its own: work lands inside its pause, counts are read from the output state here.
+
+    Args:
+        client: vLLM's client of the engine-core process.
+        states: vLLM's per-request output state in this process, by engine request id.
+    """
+
     def __init__(self, client: Any, states: Mapping[str, Any]) -> None:
-        self.client = client  # vLLM's client of the engine-core process
-        self.states = states  # vLLM's per-request output state in this process, by engine request id
+        self.client = client
+        self.states = states
 
     def token_counts(self) -> dict[tuple[str, int], int]:
         return {sample_key(rid): int(state.detokenizer.num_output_tokens()) for rid, state in self.states.items()}
@@ -115,7 +128,12 @@ class _Switch:
 
 @dataclass
 class InFlightLog:
-    """The switches that happened during one generation call."""
+    """The switches that happened during one generation call.
+
+    Args:
+        start_version: The policy version the engine served when the call started.
+        switches: Each weight switch during the call, with every running sample's token count at that moment.
+    """
 
     start_version: int
     switches: list[_Switch] = field(default_factory=list)
@@ -137,10 +155,14 @@ class InFlightLog:
 
 
 class InFlightUpdates:
-    """The gate plus the bookkeeping that attributes tokens to versions."""
+    """The gate plus the bookkeeping that attributes tokens to versions.
+
+    Args:
+        enabled: Off: queued work waits for the end of the generation call.
+    """
 
     def __init__(self, enabled: bool = True) -> None:
-        self.enabled = enabled  # off: queued work waits for the end of the generation call
+        self.enabled = enabled
         self.gate = StepGate()
         self._log: InFlightLog | None = None
         self._core: RunningCore | None = None

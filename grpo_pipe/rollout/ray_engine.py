@@ -37,7 +37,12 @@ UPDATES = "updates"
 
 
 class EngineHost:
-    """The actor's body: one `VllmEngine` living in the actor's process."""
+    """The actor's body: one `VllmEngine` living in the actor's process.
+
+    Args:
+        engine: The engine this actor holds, not yet connected (`connect` loads the model).
+        log_levels: Levels by logger name, set in the actor's process: the driver's logging config does not reach it.
+    """
 
     def __init__(self, engine: VllmEngine, log_levels: dict[str, int]) -> None:
         if engine.layout.in_process is None:
@@ -46,7 +51,7 @@ class EngineHost:
         # still land mid-generation, through vLLM's pause/resume (in_flight.py)
         self.engine = engine
         self.worker_calls: Counter[str] = Counter()  # calls so far by method: the n of a test's hold point
-        for name, level in log_levels.items():  # the driver's logging config does not reach this process
+        for name, level in log_levels.items():
             logging.getLogger(name).setLevel(level)
 
     def connect(self, model_path: str, options: dict[str, Any] | None) -> None:
@@ -113,13 +118,19 @@ class PendingFleetRollout:
 
 
 class RayEngineFleet:
-    """`num_engines` replicas of one engine spec, each in its own Ray actor."""
+    """`num_engines` replicas of one engine spec, each in its own Ray actor.
+
+    Args:
+        template: The engine spec every replica is built from.
+        start_actors: Starts the replicas' actors from the spec and returns their handles: the placement decides where
+            they go (and kills old ones).
+    """
 
     in_process = False  # the engines' models live in other processes
 
     def __init__(self, template: VllmEngine, start_actors: Callable[[VllmEngine], list[Any]]) -> None:
         self.template = template
-        self._start_actors = start_actors  # the placement decides where replicas go (and kills old ones)
+        self._start_actors = start_actors
         self.actors: list[Any] = []
         self.model_path: Path | None = None
         self._options: dict[str, Any] | None = None

@@ -48,7 +48,23 @@ PLAIN_KEYS = ("resume", "resume_accept")  # top-level settings that are not comp
 
 @dataclass(kw_only=True)
 class Components:
-    """One built object per config group, typed by the Protocol the recipe uses it through."""
+    """One built object per config group, typed by the Protocol the recipe uses it through.
+
+    Args:
+        run: The settings of the run itself (`run.*`).
+        model: Where the model's folder comes from.
+        data: The train and held-out tasks.
+        reward: Scores the completions.
+        curriculum: Which tasks each step samples, and how many completions of each.
+        trainer: The policy and its optimisation step.
+        rollout: The engine as the placement placed it: the engine itself, or a handle to replicas.
+        rollout_scheduler: The scheduler's settings; the recipe builds the scheduler (engine, tasks, prompts).
+        environment: One turn per rollout, or tool-using episodes.
+        weight_bridge: How the trained weights reach the engine.
+        placement: Where the trainer and the engine run.
+        logger: The tracker every metric, parameter and artifact goes through.
+        checkpoint: Where checkpoints are written and found.
+    """
 
     run: RunSettings
     model: ModelSource
@@ -56,9 +72,9 @@ class Components:
     reward: Reward
     curriculum: Curriculum
     trainer: Trainer
-    rollout: RolloutEngine  # as the placement placed it: the engine itself, or a handle to replicas
-    rollout_scheduler: RolloutSourceFactory  # settings; the recipe builds the scheduler (engine, tasks, prompts)
-    environment: Environment  # one turn per rollout, or tool-using episodes
+    rollout: RolloutEngine
+    rollout_scheduler: RolloutSourceFactory
+    environment: Environment
     weight_bridge: WeightBridge
     placement: Placement
     logger: Tracker

@@ -31,14 +31,23 @@ log = logging.getLogger(__name__)
 
 @dataclass(kw_only=True)
 class JobContext:
-    """Where this job writes, and whether it is one job of a sweep."""
+    """Where this job writes, and whether it is one job of a sweep.
+
+    Args:
+        output_dir: The job's folder: its checkpoints, logs and samples.
+        run_name: The tracked run's name when `run.name` sets none (in a sweep, what this job varies).
+        sweep_dir: The sweep's folder when the job is one of a sweep; None: a single run.
+        tags: Tags of the tracked run: commit, command line, chosen options (`tracking/run_tags`).
+        overrides: The job's command-line overrides, kept in every checkpoint: `resume=<dir>` alone continues.
+        resume_from: The checkpoint `resume=` picked, when the command line already did (and verified it).
+    """
 
     output_dir: Path
     run_name: str
     sweep_dir: str | None = None
-    tags: Mapping[str, str] = field(default_factory=dict)  # commit, command line, chosen options (tracking/run_tags)
-    overrides: tuple[str, ...] = ()  # the job's command-line overrides, kept in every checkpoint: resume=<dir> alone continues
-    resume_from: Checkpoint | None = None  # the checkpoint `resume=` picked, when the command line already did (and verified it)
+    tags: Mapping[str, str] = field(default_factory=dict)
+    overrides: tuple[str, ...] = ()
+    resume_from: Checkpoint | None = None
 
 
 def run(cfg: DictConfig, job: JobContext) -> RunResult:

@@ -77,7 +77,12 @@ def episode_part(metrics: Mapping[str, float]) -> str:
 
 
 class StepProgress:
-    """Context manager around the training loop."""
+    """Context manager around the training loop.
+
+    Args:
+        total_steps: The steps of the whole run.
+        first_step: Steps already done (a resumed run starts the bar there).
+    """
 
     def __init__(self, total_steps: int, first_step: int = 0) -> None:
         self.total = total_steps

@@ -52,21 +52,43 @@ NORMAL_ENDS = ("early_stopping", "time_budget")
 
 @dataclass(frozen=True, kw_only=True)
 class RunResult:
+    """What a finished (or stopped) run hands back to its caller.
+
+    Args:
+        run_id: The tracked run's id; None where the tracker keeps no runs.
+        rewards: The mean reward of each step.
+        final_eval: The metrics of the held-out evaluation at the end.
+        ledger: Where every generated group went: trained, dropped, or in flight at the end.
+        summary: The end-of-run metrics (eval, reward quarters, overlap, loop time).
+        stopped_by: The signal that stopped the run early (a checkpoint was written); None: it ran to the end.
+        objective: `run.objective` at the end (NaN when the run did not log it): for a sweeper.
+        resume_dir: What `resume=` takes to continue this run: the folder holding its checkpoints.
+    """
+
     run_id: str | None
-    rewards: list[float]  # mean reward per step
+    rewards: list[float]
     final_eval: dict[str, float]
-    ledger: Ledger  # where every generated group went: trained, dropped, or in flight at the end
-    summary: dict[str, float]  # the end-of-run metrics (eval, reward quarters, overlap, loop time)
-    stopped_by: str | None = None  # the signal that stopped the run early (a checkpoint was written)
-    objective: float = float("nan")  # `run.objective` at the end (NaN when the run did not log it): for a sweeper
-    resume_dir: Path | None = None  # what `resume=` takes to continue this run: the folder holding its checkpoints
+    ledger: Ledger
+    summary: dict[str, float]
+    stopped_by: str | None = None
+    objective: float = float("nan")
+    resume_dir: Path | None = None
 
 
 class GRPORecipe:
+    """The GRPO algorithm over one job's components: `setup`, `train` (a `train_step` each step), `cleanup`.
+
+    Args:
+        parts: The job's built components.
+        config_yaml: The resolved config, saved with every checkpoint.
+        output_dir: The job's folder: the samples table, environment logs, curriculum reports, episode pages.
+        overrides: The job's command line, saved with every checkpoint (`resume=<dir>` alone continues).
+    """
+
     def __init__(self, *, parts: Components, config_yaml: str, output_dir: Path, overrides: Sequence[str] = ()) -> None:
         self.parts = parts
-        self.config_yaml = config_yaml  # the resolved config, saved with every checkpoint
-        self.overrides = list(overrides)  # the job's command line, saved with every checkpoint (resume=<dir> alone)
+        self.config_yaml = config_yaml
+        self.overrides = list(overrides)
         self.output_dir = output_dir
         self.engine = parts.rollout
         self.pushed_version = 0  # the newest policy version the engine has been given

@@ -20,7 +20,11 @@ from grpo_pipe.rollout.scheduler import covered_seconds, overlap_seconds
 class SamplesTable:
     """The samples table of this process's loop (`run.samples_to_log` rows a step), appended to a JSON-lines file as
     each step is scored and read back once, when the run logs it: the loop keeps no row in memory (in memory it grew
-    by about 7 KB a step at 16 rows, without bound). Without a file (tests) the rows stay in a list."""
+    by about 7 KB a step at 16 rows, without bound). Without a file (tests) the rows stay in a list.
+
+    Args:
+        path: The JSON-lines file the rows are appended to; None: the rows stay in a list.
+    """
 
     def __init__(self, path: Path | None = None) -> None:
         self.path = path
@@ -55,7 +59,11 @@ class OverlapMeter:
     """The trainer's busy time, the engine's, and the time both were busy, over the whole loop, in bounded memory:
     the newest `keep` spans of each kind are kept as spans; everything before the earliest of them is folded into
     running totals (exact: no span kept or to come starts before that line, unless it arrives `keep` steps late, and
-    then only its part after the line counts)."""
+    then only its part after the line counts).
+
+    Args:
+        keep: The newest spans of each kind kept as spans; older ones are folded into the running totals.
+    """
 
     def __init__(self, keep: int = 256) -> None:
         self.keep = keep
@@ -103,7 +111,11 @@ class OverlapMeter:
 class StepTimes:
     """Each step's phase seconds (by PHASES' names) for the end-of-run summary, in bounded memory: the mean step time
     as a running sum, the first step on its own, and the medians over a uniform sample of at most `kept` of the other
-    steps (exact for runs up to `kept` + 1 steps; reservoir sampling, seeded, beyond)."""
+    steps (exact for runs up to `kept` + 1 steps; reservoir sampling, seeded, beyond).
+
+    Args:
+        kept: The most steps (after the first) kept for the medians.
+    """
 
     def __init__(self, kept: int = 2048) -> None:
         self.kept = kept

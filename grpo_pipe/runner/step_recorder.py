@@ -33,7 +33,12 @@ PHASES = {"rollouts_s": "time/rollouts_s", "reward_s": "time/reward_s", "curricu
 class MismatchWatch:
     """Warns once when an on-policy batch's trainer/sampler log-prob mismatch passes a threshold, naming the bridge:
     both sides should hold the same weights then, so a large mismatch means a sync that did not land (or numerics
-    far apart), which would otherwise only show as slow learning."""
+    far apart), which would otherwise only show as slow learning.
+
+    Args:
+        threshold: The mean per-token log-prob gap above which it warns (`run.mismatch_warn`); None: never.
+        bridge: The weight bridge's name, named in the warning.
+    """
 
     def __init__(self, threshold: float | None, bridge: str) -> None:
         self.threshold = threshold
@@ -62,11 +67,17 @@ MISMATCH_KEY = "mismatch/logprob_abs_mean"
 
 
 class StepRecorder:
-    """What one step produced (as metrics), and what the loop in this process accumulates."""
+    """What one step produced (as metrics), and what the loop in this process accumulates.
+
+    Args:
+        samples_to_log: Completions per step kept for the samples table.
+        mismatch: Warns when an on-policy batch's log-prob mismatch is too large; None: one that never warns.
+        samples_file: Where the samples table is appended step by step; None: the rows stay in memory.
+    """
 
     def __init__(self, samples_to_log: int, mismatch: MismatchWatch | None = None,
                  samples_file: Path | None = None) -> None:
-        self.samples_to_log = samples_to_log  # completions per step kept for the samples table
+        self.samples_to_log = samples_to_log
         self.mismatch = mismatch or MismatchWatch(None, "")
         self.on_policy = False  # every completion of this step's batch came from the weights the trainer holds
         self.step_rewards: list[float] = []  # mean reward per step, from step 1 (restored on resume)

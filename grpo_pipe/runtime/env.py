@@ -88,7 +88,14 @@ def bound_mlflow_http_waits(timeout_s: int = 10, retries: int = 1) -> None:
 
 @dataclass(frozen=True)
 class HaltRequest:
-    points: tuple[tuple[str, int], ...]  # (point, step) pairs
+    """Where a test holds the job (`GRPO_PIPE_HALT_AT`), and the file that says it is held.
+
+    Args:
+        points: The (point, step) pairs at which the job holds.
+        marker: The file written while the job is held; removing it lets the job go on.
+    """
+
+    points: tuple[tuple[str, int], ...]
     marker: Path
 
 

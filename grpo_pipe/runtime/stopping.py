@@ -29,11 +29,15 @@ class GenerationInterrupted(BaseException):
 
 class StopRequest:
     """Context manager that turns stop signals into a flag the training loop checks between steps,
-    and into `GenerationInterrupted` inside an `interruptible()` block."""
+    and into `GenerationInterrupted` inside an `interruptible()` block.
+
+    Args:
+        grace_s: Seconds a stop may take before the process is ended; None: no deadline.
+    """
 
     def __init__(self, grace_s: float | None = None) -> None:
         self.reason: str | None = None
-        self.grace_s = grace_s  # None: no deadline
+        self.grace_s = grace_s
         self._previous: dict[int, object] = {}
         self._interruptible = 0
         self._deadline: threading.Timer | None = None

@@ -39,7 +39,11 @@ T = TypeVar("T")
 
 
 class Undertaker:
-    """The running watcher of one set of roots; `fate_shared` starts it."""
+    """The running watcher of one set of roots; `fate_shared` starts it.
+
+    Args:
+        proc: The watcher's own process.
+    """
 
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self._proc = proc

@@ -35,7 +35,14 @@ class EndpointClosed(RuntimeError):
 
 @dataclass(frozen=True, kw_only=True)
 class SamplingKey:
-    """What requests must share to go to the engine in one call (everything but the token budget and the seed)."""
+    """What requests must share to go to the engine in one call (everything but the token budget and the seed).
+
+    Args:
+        temperature: The sampling temperature.
+        top_p: Nucleus sampling's probability mass.
+        stop: Strings that end a sample.
+        stop_token_ids: Token ids that end a sample.
+    """
 
     temperature: float
     top_p: float
@@ -45,7 +52,17 @@ class SamplingKey:
 
 @dataclass(kw_only=True)
 class Request:
-    """One prompt and how many samples of it; its future resolves to those samples."""
+    """One prompt and how many samples of it; its future resolves to those samples.
+
+    Args:
+        prompt: The prompt's token ids.
+        samples: How many completions of it to sample.
+        max_tokens: The token budget of each completion.
+        key: The sampling settings it shares with the requests it may be batched with.
+        seed: The sampling seed; None: unseeded (a seeded request goes to the engine on its own).
+        done: Resolves to the completions, or to the error that kept them from being served.
+        arrived: When it was made (monotonic clock): a round gathers from the oldest one.
+    """
 
     prompt: tuple[int, ...]
     samples: int
@@ -53,17 +70,24 @@ class Request:
     key: SamplingKey
     seed: int | None = None
     done: Future[list[Completion]] = field(default_factory=Future)
-    arrived: float = field(default_factory=time.monotonic)  # when it was made: a round gathers from the oldest one
+    arrived: float = field(default_factory=time.monotonic)
 
 
 class RequestBatcher:
-    """Feeds the engine from a queue of single requests, one batched call per round and sampling key."""
+    """Feeds the engine from a queue of single requests, one batched call per round and sampling key.
+
+    Args:
+        engine: The engine the requests are served by.
+        max_prompts_per_call: The most prompts one round takes from the queue.
+        served: Where every completion served is recorded; None: not recorded.
+        gather_s: How long a round waits for the rest of a burst before its engine call.
+    """
 
     def __init__(self, *, engine: RolloutEngine, max_prompts_per_call: int = 1024, served: ServedLog | None = None,
                  gather_s: float = 0.02) -> None:
         self.engine = engine
-        self.gather_s = gather_s  # how long a round waits for the rest of a burst before its engine call
-        self.served = served  # every completion served is recorded here, when given
+        self.gather_s = gather_s
+        self.served = served
         self.max_prompts_per_call = max_prompts_per_call
         self.engine_calls = 0  # rounds sent to the engine (each one `generate` call)
         self._queue: deque[Request] = deque()

@@ -21,7 +21,17 @@ log = logging.getLogger(__name__)
 
 
 class EngineEndpoint:
-    """Serves `engine` over HTTP while it runs; `start()` returns once the port answers, `stop()` within seconds."""
+    """Serves `engine` over HTTP while it runs; `start()` returns once the port answers, `stop()` within seconds.
+
+    Args:
+        engine: The engine the requests are served by.
+        model: The served model's name and tokenizer, and the engine's limits.
+        host: The address it listens on: a loopback address unless `allow_remote`.
+        port: The port it listens on; 0: a free one.
+        token: The bearer token every request must carry; None: a fresh random one.
+        allow_remote: Allow a host other machines can reach (behind your own network controls).
+        request_timeout_s: A request the engine has not answered in this long gets an error reply.
+    """
 
     def __init__(self, *, engine: RolloutEngine, model: ServedModel, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, allow_remote: bool = False, request_timeout_s: float = 600.0) -> None:

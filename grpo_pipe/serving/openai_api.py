@@ -37,13 +37,25 @@ MAX_SAMPLES = 256  # n per request: an environment's group, with room to spare
 
 
 class SamplingFields(BaseModel):
-    """What every generation request may set (other fields, e.g. `model` or `user`, are accepted and ignored)."""
+    """What every generation request may set (other fields, e.g. `model` or `user`, are accepted and ignored).
+
+    Args:
+        n: Samples of the prompt.
+        max_tokens: The token budget of each sample; None: the model's default.
+        max_completion_tokens: The chat API's newer name for `max_tokens`; it wins where both are given.
+        temperature: The sampling temperature.
+        top_p: Nucleus sampling's probability mass.
+        stop: A string, or several, that ends a sample.
+        stop_token_ids: Token ids that end a sample.
+        seed: The sampling seed; None: unseeded.
+        stream: Must be false: streaming is not served.
+    """
 
     model_config = ConfigDict(extra="allow")
 
     n: int = Field(1, ge=1, le=MAX_SAMPLES)
     max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)  # the chat API's newer name
+    max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
@@ -53,11 +65,45 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[int] | list[str | list[int]]  # one prompt, or several (text or token ids)
+    """`/v1/completions`: one prompt or several, and the sampling fields.
+
+    Args:
+        prompt: One prompt, or several, each text or token ids.
+        logprobs: Return each sampled token's log-prob when given (a number, as OpenAI's API takes); None: not.
+        n: Samples of the prompt.
+        max_tokens: The token budget of each sample; None: the model's default.
+        max_completion_tokens: The chat API's newer name for `max_tokens`; it wins where both are given.
+        temperature: The sampling temperature.
+        top_p: Nucleus sampling's probability mass.
+        stop: A string, or several, that ends a sample.
+        stop_token_ids: Token ids that end a sample.
+        seed: The sampling seed; None: unseeded.
+        stream: Must be false: streaming is not served.
+    """
+
+    prompt: str | list[int] | list[str | list[int]]
     logprobs: int | None = None
 
 
 class ChatRequest(SamplingFields):
+    """`/v1/chat/completions`: chat messages rendered with the model's chat template, and the sampling fields.
+
+    Args:
+        messages: The conversation so far, as `{"role", "content"}` messages.
+        logprobs: Return each sampled token's log-prob.
+        top_logprobs: Accepted, not served: every token's `top_logprobs` is empty.
+        tools: The tools' JSON schemas, handed to the chat template; None: none.
+        n: Samples of the prompt.
+        max_tokens: The token budget of each sample; None: the model's default.
+        max_completion_tokens: The chat API's newer name for `max_tokens`; it wins where both are given.
+        temperature: The sampling temperature.
+        top_p: Nucleus sampling's probability mass.
+        stop: A string, or several, that ends a sample.
+        stop_token_ids: Token ids that end a sample.
+        seed: The sampling seed; None: unseeded.
+        stream: Must be false: streaming is not served.
+    """
+
     messages: list[dict[str, Any]]
     logprobs: bool = False
     top_logprobs: int | None = None
@@ -65,14 +111,33 @@ class ChatRequest(SamplingFields):
 
 
 class GenerateRequest(SamplingFields):
-    """vLLM's `/generate`: `{"prompt": {"prompt_token_ids": [...]}}` or a text prompt, and sampling parameters."""
+    """vLLM's `/generate`: `{"prompt": {"prompt_token_ids": [...]}}` or a text prompt, and sampling parameters.
+
+    Args:
+        prompt: A text prompt, or `{"prompt_token_ids": [...]}`.
+        logprobs: Accepted for vLLM's API; the log-probs are always returned.
+        n: Samples of the prompt.
+        max_tokens: The token budget of each sample; None: the model's default.
+        max_completion_tokens: The chat API's newer name for `max_tokens`; it wins where both are given.
+        temperature: The sampling temperature.
+        top_p: Nucleus sampling's probability mass.
+        stop: A string, or several, that ends a sample.
+        stop_token_ids: Token ids that end a sample.
+        seed: The sampling seed; None: unseeded.
+        stream: Must be false: streaming is not served.
+    """
 
     prompt: str | dict[str, list[int]]
     logprobs: int | None = None
 
 
 class TokensRequest(BaseModel):
-    """`/inference/v1/generate` (verifiers' train client): prompt token ids, and vLLM's sampling parameters."""
+    """`/inference/v1/generate` (verifiers' train client): prompt token ids, and vLLM's sampling parameters.
+
+    Args:
+        token_ids: The prompt's token ids.
+        sampling_params: The sampling fields; none given: their defaults.
+    """
 
     model_config = ConfigDict(extra="allow")
 
@@ -82,7 +147,15 @@ class TokensRequest(BaseModel):
 
 @dataclass(frozen=True, kw_only=True)
 class ServedModel:
-    """What the routes need besides the engine: the model's name and tokenizer, and the engine's limits."""
+    """What the routes need besides the engine: the model's name and tokenizer, and the engine's limits.
+
+    Args:
+        name: The name the model is served under (`/v1/models`).
+        tokenizer: The model's tokenizer: encodes text prompts, renders chats, decodes samples.
+        max_model_len: The engine's limit on prompt plus completion tokens.
+        vocab_size: Token ids of a prompt must lie in [0, vocab_size).
+        default_max_tokens: The token budget of a request that sets none.
+    """
 
     name: str
     tokenizer: Any

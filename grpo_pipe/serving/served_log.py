@@ -20,16 +20,27 @@ from grpo_pipe.types import Completion
 
 @dataclass(frozen=True, kw_only=True)
 class ServedCompletion:
-    """The engine's record of one completion: its log-probs and the versions that sampled it."""
+    """The engine's record of one completion: its log-probs and the versions that sampled it.
+
+    Args:
+        logprobs: The log-prob of each completion token, as the engine sampled it.
+        policy_version: The policy version that sampled it.
+        version_switches: ((token index, version), ...): where newer weights took over mid-completion.
+        temperature: What it was sampled at (its log-probs are of that distribution); None: not recorded.
+    """
 
     logprobs: tuple[float, ...]
     policy_version: int
     version_switches: tuple[tuple[int, int], ...]
-    temperature: float | None = None  # what it was sampled at (its log-probs are of that distribution)
+    temperature: float | None = None
 
 
 class ServedLog:
-    """A bounded record of (prompt, completion) -> what the engine said about it; safe across threads."""
+    """A bounded record of (prompt, completion) -> what the engine said about it; safe across threads.
+
+    Args:
+        capacity: The most completions kept; the oldest go first.
+    """
 
     def __init__(self, capacity: int = 65536) -> None:
         self.capacity = capacity

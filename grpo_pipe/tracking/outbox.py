@@ -51,6 +51,15 @@ class Outbox:
 
     `deliver_due()` is one delivery attempt (used by the worker thread, and directly by tests with a fake clock);
     `start()` runs it in a daemon thread so that a log call only appends to a queue and never waits on the network.
+
+    Args:
+        send: Delivers one record to the store; raises when the store does not answer or refuses it.
+        target: The store, named in the warnings while it is away.
+        first_backoff_s: The wait before the first retry; it doubles with each failed attempt ...
+        max_backoff_s: ... up to this cap.
+        clock: Monotonic seconds (a fake one in tests).
+        journal: The pending file, kept up to date while the store is away; None: no journal.
+        journal_header: The journal's first line: where the records go (tracking URI, run id).
     """
 
     def __init__(
@@ -65,10 +74,10 @@ class Outbox:
         journal_header: Record | None = None,
     ) -> None:
         self._send = send
-        self.journal = journal  # the pending file, kept up to date while the store is away (None: no journal)
+        self.journal = journal
         self.journal_header = journal_header or {"kind": "header"}
         self._journal_file: Any = None  # open for appending while the store is away
-        self.target = target  # named in the warnings: the store that is away
+        self.target = target
         self.first_backoff_s = first_backoff_s
         self.max_backoff_s = max_backoff_s
         self._clock = clock

@@ -20,7 +20,20 @@ REWARD_SUMMARY_KEYS = {"mean", "std"}  # train/reward/<these> are not terms of t
 
 @dataclass(kw_only=True)
 class ChildResult:
-    """One child run of the sweep, reduced to what the comparison shows."""
+    """One child run of the sweep, reduced to what the comparison shows.
+
+    Args:
+        run_id: The MLflow run's id.
+        name: The run's name (its id where it has none).
+        status: The run's MLflow status (`FINISHED`, `FAILED`, ...).
+        overrides: The job's command-line overrides, key -> value.
+        objective: The metric key the sweep optimises (`run.objective`).
+        direction: `maximize` or `minimize`.
+        last: The latest value of every metric.
+        curves: Metric key -> [(step, value)].
+        clock: Metric key -> [(minutes since start, value)].
+        label: The swept values that tell it apart, set once all children are known.
+    """
 
     run_id: str
     name: str
@@ -28,10 +41,10 @@ class ChildResult:
     overrides: dict[str, str]
     objective: str
     direction: str
-    last: dict[str, float]  # latest value of every metric
-    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)  # key -> [(step, value)]
-    clock: dict[str, list[tuple[float, float]]] = field(default_factory=dict)  # key -> [(minutes since start, value)]
-    label: str = ""  # the swept values that tell it apart, set once all children are known
+    last: dict[str, float]
+    curves: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
+    clock: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    label: str = ""
 
     @property
     def setup_min(self) -> float | None:

@@ -20,10 +20,15 @@ SEED_KEY = "run.seed"
 
 @dataclass(frozen=True)
 class Point:
-    """One setting of the swept keys other than the seed, over the seeds it ran with."""
+    """One setting of the swept keys other than the seed, over the seeds it ran with.
+
+    Args:
+        label: The setting, `key=value` of each swept key other than the seed (`all runs` where there is none).
+        values: The final objective of each repeat that logged it.
+    """
 
     label: str
-    values: tuple[float, ...]  # the final objective of each repeat that logged it
+    values: tuple[float, ...]
 
     @property
     def mean(self) -> float:
@@ -42,10 +47,19 @@ class Point:
 
 @dataclass(frozen=True, kw_only=True)
 class Verdict:
+    """The sweep's answer: which setting did best on its objective, over the seeds.
+
+    Args:
+        objective: The metric key compared (`run.objective`).
+        direction: `maximize` or `minimize`.
+        points: Every setting over its seeds, best first.
+        text: The answer in one sentence.
+    """
+
     objective: str
     direction: str
-    points: tuple[Point, ...]  # best first
-    text: str  # the answer in one sentence
+    points: tuple[Point, ...]
+    text: str
 
 
 def points_of(children: Sequence[ChildResult], swept: Sequence[str]) -> list[Point]:

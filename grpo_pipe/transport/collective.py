@@ -42,15 +42,27 @@ class Group(Protocol):
 
 @dataclass(frozen=True)
 class TensorSpec:
-    name: str  # Hugging Face checkpoint name
+    """One tensor of a bucket, as the receiving side rebuilds it.
+
+    Args:
+        name: Its Hugging Face checkpoint name.
+        shape: Its shape.
+    """
+
+    name: str
     shape: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class Bucket:
-    """Tensors sent as one flat buffer in one broadcast call."""
+    """Tensors sent as one flat buffer in one broadcast call.
 
-    dtype: str  # e.g. "float32"; one dtype per bucket
+    Args:
+        dtype: The torch dtype's name of every tensor in it, e.g. "float32": one dtype per bucket.
+        specs: Its tensors, in their order in the buffer.
+    """
+
+    dtype: str
     specs: tuple[TensorSpec, ...]
 
     @property
