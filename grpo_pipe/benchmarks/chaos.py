@@ -68,17 +68,35 @@ def calculator(expression: str) -> str:
 
 @dataclass(kw_only=True)
 class Attempt:
+    """One start of the job, and how it ended.
+
+    Args:
+        number: The attempt's number, from 1.
+        command: The command line it ran.
+        point: Where it was held and killed; None: left to run to its end.
+        killed: Whether it was SIGKILLed at `point`.
+        returncode: The main process's exit status, once it ended.
+        resumed_from: The checkpoint folder it continued from; None: a fresh start.
+        left_alive: Processes below it still running after its end.
+    """
+
     number: int
     command: list[str]
-    point: str | None  # where it was held and killed; None: left to run to its end
+    point: str | None
     killed: bool = False
     returncode: int | None = None
-    resumed_from: str | None = None  # the checkpoint folder it continued from
-    left_alive: list[str] = field(default_factory=list)  # processes below it still running after its end
+    resumed_from: str | None = None
+    left_alive: list[str] = field(default_factory=list)
 
 
 class ChaosRun:
-    """One job under `folder`: its run folder, MLflow store and artifacts, and one folder per attempt."""
+    """One job under `folder`: its run folder, MLflow store and artifacts, and one folder per attempt.
+
+    Args:
+        folder: Where the job's run folder, MLflow store, artifacts and attempts go.
+        overrides: The job's Hydra overrides (the run folder and MLflow locations are added to them).
+        cwd: The working directory the job runs in; None: this process's.
+    """
 
     def __init__(self, folder: Path, overrides: Sequence[str], cwd: Path | None = None) -> None:
         self.folder = folder.resolve()

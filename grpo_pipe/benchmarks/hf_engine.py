@@ -26,10 +26,15 @@ from grpo_pipe.types import Completion, GeneratedBatch, RequestTelemetry, Sampli
 
 
 class HFEngine:
-    """Greedy or sampled generation with `transformers`, shaped as our `RolloutEngine` (see the module docstring)."""
+    """Greedy or sampled generation with `transformers`, shaped as our `RolloutEngine` (see the module docstring).
+
+    Args:
+        batch_size: Sequences per `generate` call.
+        device: The torch device to generate on; None: a GPU when there is one, else the CPU.
+    """
 
     def __init__(self, batch_size: int = 64, device: str | None = None) -> None:
-        self.batch_size = batch_size  # sequences per `generate` call
+        self.batch_size = batch_size
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         self.served_version = 0  # graders load one snapshot per engine; nothing syncs into it
         self._model: Any = None

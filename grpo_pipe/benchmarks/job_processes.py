@@ -20,11 +20,17 @@ GONE_WITHIN_S = 60.0  # how long a process of a killed job may take to be reaped
 
 @dataclass
 class Job:
-    """One process of the command, its console in `log`."""
+    """One process of the command, its console in `log`.
+
+    Args:
+        proc: The job's main process.
+        log: The file its console output goes to.
+        marker: The file the job writes when it holds at its halt point; None: no halt point.
+    """
 
     proc: subprocess.Popen[bytes]
     log: Path
-    marker: Path | None  # the file the job writes when it holds at its halt point
+    marker: Path | None
 
     @property
     def pid(self) -> int:

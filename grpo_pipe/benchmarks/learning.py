@@ -128,14 +128,24 @@ def fraction_correct(scored: RewardOutput) -> float:
 @dataclass(frozen=True, kw_only=True)
 class Grader:
     """One grader for every snapshot of both tools: the held-out tasks, their prompt ids, the job's reward, and the
-    job's episodes with tools (None: one turn per task, greedy figures from `grade` as before environment)."""
+    job's episodes with tools (None: one turn per task, greedy figures from `grade` as before environment).
+
+    Args:
+        tasks: The held-out tasks.
+        prompts: Each task's prompt token ids.
+        reward: The job's reward, which scores the completions.
+        max_new_tokens: Tokens per model turn.
+        environment: The job's environment with tools; None: one turn per task.
+        sampled_k: Samples per task for the sampled figure (0: none).
+        seed: The sampling seed of the sampled figure.
+    """
 
     tasks: list[Task]
     prompts: list[tuple[int, ...]]
     reward: Reward
-    max_new_tokens: int  # per model turn
+    max_new_tokens: int
     environment: EnvironmentWithTools | None
-    sampled_k: int  # samples per task for the sampled figure (0: none)
+    sampled_k: int
     seed: int
 
     def greedy(self, model_path: Path) -> float:

@@ -49,11 +49,23 @@ PENDING_JOURNAL = "mlflow_pending.jsonl"
 
 @dataclass(frozen=True, kw_only=True)
 class Trend:
+    """How one figure moved over the soak: its level, its slope per hour and the verdict on it.
+
+    Args:
+        figure: The figure's name.
+        samples: The samples the slope was fitted to.
+        level: Mean after warm-up.
+        slope_per_h: The least-squares slope, per hour.
+        low_per_h: The 95% interval's low end of the slope.
+        high_per_h: The 95% interval's high end of the slope.
+        verdict: `flat`, `grows`, `shrinks` or `undecided`, against 1% of the level per hour.
+    """
+
     figure: str
     samples: int
-    level: float  # mean after warm-up
+    level: float
     slope_per_h: float
-    low_per_h: float  # the 95% interval of the slope
+    low_per_h: float
     high_per_h: float
     verdict: str
 

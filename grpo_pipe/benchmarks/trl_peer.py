@@ -60,46 +60,89 @@ _DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 @dataclass(frozen=True, kw_only=True)
 class PeerSettings:
-    """TRL's hyper-parameters; the first block must be given the values of the run it is compared with."""
+    """TRL's hyper-parameters; the first block must be given the values of the run it is compared with.
+
+    Args:
+        lr: The learning rate.
+        warmup_steps: Optimizer updates of linear warmup, then constant (`constant_with_warmup`).
+        prompts_per_step: Prompts in one optimizer step's batch.
+        samples_per_prompt: The GRPO group size (TRL's `num_generations`).
+        max_new_tokens: Tokens per completion.
+        temperature: The sampling temperature.
+        top_p: The sampling nucleus.
+        clip_low: TRL's `epsilon`: ratios below 1 - clip_low are clipped.
+        clip_high: TRL's `epsilon_high`: ratios above 1 + clip_high are clipped.
+        grad_clip: The gradients' total norm is clipped to this.
+        micro_batch_size: Completions per forward/backward; must divide prompts_per_step * samples_per_prompt.
+        seed: TRL's seed.
+        beta: KL coefficient; 0 = no reference model.
+        loss_type: TRL's loss aggregation.
+        dtype: The dtype of the policy's weights; bf16 autocast on GPU comes on top.
+        gradient_checkpointing: Recompute activations in the backward pass instead of keeping them.
+        adam_beta2: AdamW's second-moment decay.
+        use_vllm: False: TRL generates with transformers' `generate` (slow; for CPU tests).
+        vllm_gpu_memory_utilization: The engine's share of the GPU beside the trainer.
+        max_turn_tokens: Tool episodes: tokens of one model turn (None: the whole completion's).
+        max_tool_calling_iterations: Tool episodes: rounds of calls (None: TRL's default, no limit).
+    """
 
     lr: float
-    warmup_steps: int  # optimizer updates of linear warmup, then constant (`constant_with_warmup`)
+    warmup_steps: int
     prompts_per_step: int
-    samples_per_prompt: int  # the GRPO group size (TRL's `num_generations`)
+    samples_per_prompt: int
     max_new_tokens: int
     temperature: float
     top_p: float
-    clip_low: float  # TRL's `epsilon`
-    clip_high: float  # TRL's `epsilon_high`
+    clip_low: float
+    clip_high: float
     grad_clip: float
-    micro_batch_size: int  # completions per forward/backward; must divide prompts_per_step * samples_per_prompt
+    micro_batch_size: int
     seed: int
-    beta: float = 0.0  # KL coefficient; 0 = no reference model
+    beta: float = 0.0
     loss_type: str = "dapo"  # TRL's default
-    dtype: str = "float32"  # the policy's weights (TRL's default); bf16 autocast on GPU comes on top
+    dtype: str = "float32"  # TRL's default
     gradient_checkpointing: bool = False
     adam_beta2: float = 0.999  # TRL's (and transformers') default
-    use_vllm: bool = True  # False: TRL generates with transformers' `generate` (slow; for CPU tests)
-    vllm_gpu_memory_utilization: float = 0.3  # TRL's default: the engine's share of the GPU beside the trainer
-    max_turn_tokens: int | None = None  # tool episodes: tokens of one model turn (None: the whole completion's)
-    max_tool_calling_iterations: int | None = None  # tool episodes: rounds of calls (None: TRL's default, no limit)
+    use_vllm: bool = True
+    vllm_gpu_memory_utilization: float = 0.3  # TRL's default
+    max_turn_tokens: int | None = None
+    max_tool_calling_iterations: int | None = None
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    train_s: float  # training wall-clock when it was taken (snapshot writing excluded)
-    step: int  # optimizer updates done
-    path: Path  # an HF model folder: bf16 safetensors, config and tokenizer files
+    """One weight snapshot of TRL's policy.
+
+    Args:
+        train_s: Training wall-clock when it was taken (snapshot writing excluded).
+        step: Optimizer updates done.
+        path: An HF model folder: bf16 safetensors, config and tokenizer files.
+    """
+
+    train_s: float
+    step: int
+    path: Path
 
 
 @dataclass(frozen=True, kw_only=True)
 class PeerRun:
-    snapshots: list[Snapshot]  # the first at 0 s (the starting weights), then one per mark, then the end
-    step_rewards: list[float]  # mean training reward of each optimizer step, from TRL's logs
+    """What one TRL run left: its snapshots, and the reward and log of each step.
+
+    Args:
+        snapshots: The first at 0 s (the starting weights), then one per mark, then the end.
+        step_rewards: Mean training reward of each optimizer step, from TRL's logs.
+        steps: Optimizer steps done.
+        train_s: Training wall-clock (snapshot writing excluded).
+        startup_s: From the call to the first step's start (model load, vLLM start-up).
+        step_logs: TRL's log of each step (`tools/call_frequency`...).
+    """
+
+    snapshots: list[Snapshot]
+    step_rewards: list[float]
     steps: int
     train_s: float
-    startup_s: float  # from the call to the first step's start (model load, vLLM start-up)
-    step_logs: list[dict[str, float]] = field(default_factory=list)  # TRL's log of each step (`tools/call_frequency`...)
+    startup_s: float
+    step_logs: list[dict[str, float]] = field(default_factory=list)
 
 
 def correctness_reward(completions: list[Any], answer: list[str], **_: Any) -> list[float]:
@@ -308,7 +351,16 @@ def _snapshot_writer(tokenizer: Any) -> Callable[[PreTrainedModel, Path], None]:
 
 
 class WallClockBudget(TrainerCallback):
-    """Measures training wall-clock, snapshots at each mark and at the end, stops once the budget is spent."""
+    """Measures training wall-clock, snapshots at each mark and at the end, stops once the budget is spent.
+
+    Args:
+        save: Writes the model to a snapshot folder.
+        out_dir: Where the snapshot folders go.
+        budget_s: Training seconds after which training stops.
+        mark_every_s: Training seconds between snapshots.
+        called: `clock()` when `train_trl` was called (start-up is counted from it).
+        clock: The clock, in seconds.
+    """
 
     def __init__(
         self,
@@ -324,7 +376,7 @@ class WallClockBudget(TrainerCallback):
         self.out_dir = out_dir
         self.budget_s = budget_s
         self.mark_every_s = mark_every_s
-        self.called = called  # clock() when train_trl was called
+        self.called = called
         self.clock = clock
         self.snapshots: list[Snapshot] = []
         self.startup_s = 0.0

@@ -113,12 +113,20 @@ _PYTHON_TYPES: dict[str, type] = {"string": str, "integer": int, "number": float
 
 @dataclass(frozen=True, kw_only=True)
 class ToolPeer:
-    """What TRL's tool loop is given: the tools, the chat template and the response template, and the prompts."""
+    """What TRL's tool loop is given: the tools, the chat template and the response template, and the prompts.
 
-    functions: list[Callable[..., str]]  # `GRPOTrainer(tools=...)`
+    Args:
+        functions: The tools as plain functions, for `GRPOTrainer(tools=...)`.
+        chat_template: The tokenizer's chat template that renders tool calls and results as the environment does.
+        response_template: How transformers' parser reads a call back from a completion.
+        system_prompt: The job's system prompt with the call format's description of the tools.
+        demonstration: The messages of the environment's worked example, placed before each task.
+    """
+
+    functions: list[Callable[..., str]]
     chat_template: str
     response_template: dict[str, Any]
-    system_prompt: str  # the job's system prompt with the call format's description of the tools
+    system_prompt: str
     demonstration: list[dict[str, str]]
 
     def conversation(self, task: Task) -> list[dict[str, str]]:

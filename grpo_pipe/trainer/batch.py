@@ -13,16 +13,26 @@ from grpo_pipe.types import RolloutGroup
 
 @dataclass(frozen=True, kw_only=True)
 class TrainSample:
-    """One completion ready for the loss: prompt + completion ids and what the engine reported."""
+    """One completion ready for the loss: prompt + completion ids and what the engine reported.
+
+    Args:
+        prompt_ids: [P] the prompt's token ids, as the engine saw them.
+        completion_ids: [T] the completion's token ids, as the engine returned them.
+        sampling_logprobs: [T] the engine's log-probs of those tokens.
+        advantage: The completion's advantage, from its group's rewards.
+        policy_version: The policy version that sampled it.
+        truncated: It hit the generation budget without EOS (finish_reason "length").
+        loss_mask: [T] True on tokens the engine sampled, False on an episode's environment tokens (no loss);
+            None: all sampled.
+    """
 
     prompt_ids: tuple[int, ...]  # [P]
     completion_ids: tuple[int, ...]  # [T]
     sampling_logprobs: tuple[float, ...]  # [T]
     advantage: float
     policy_version: int
-    truncated: bool = False  # hit the generation budget without EOS (finish_reason "length")
-    # [T] True on tokens the engine sampled; False on an episode's environment tokens (no loss); None: all sampled
-    loss_mask: tuple[bool, ...] | None = None
+    truncated: bool = False
+    loss_mask: tuple[bool, ...] | None = None  # [T]
 
     @property
     def trained_tokens(self) -> int:

@@ -102,7 +102,12 @@ def _clip(ratio: torch.Tensor, advantages: torch.Tensor, weight: torch.Tensor, l
 @dataclass(kw_only=True)
 class TrustRegion:
     """What the two clipping objectives share: the region [1 - clip_low, 1 + clip_high] their ratio is clipped to,
-    and its rule."""
+    and its rule.
+
+    Args:
+        clip_low: Ratios below 1 - clip_low are clipped.
+        clip_high: Ratios above 1 + clip_high are clipped.
+    """
 
     clip_low: float = 0.2
     clip_high: float = 0.28

@@ -19,17 +19,29 @@ Scalar = float | torch.Tensor  # a float, or a 0-dim tensor not yet read from th
 @dataclass(kw_only=True)
 class MismatchSums:
     """Sums and maxima over completion tokens, added up over micro-batches; `metrics()` turns them into means.
-    One micro-batch's are 0-dim tensors until the pass reads them (`total`)."""
+    One micro-batch's are 0-dim tensors until the pass reads them (`total`).
+
+    Args:
+        tokens: Completion tokens measured.
+        abs_sum: Sum of |log pi_trainer - log pi_sampler|.
+        abs_max: Maximum of |log pi_trainer - log pi_sampler|.
+        k3_sum: Sum of r - 1 - log r with r = pi_trainer / pi_sampler: KL(sampler || trainer), >= 0.
+        ratio_sum: Sum of r.
+        ratio_max: Maximum of r.
+        outside_clip: Tokens whose r already sits outside the loss's trust region [1 - low, 1 + high].
+        clip_tokens: Tokens measured against a trust region (none for a loss that clips no ratio).
+        entropy_sum: Sum of the trainer policy's entropy at each completion position (nats).
+    """
 
     tokens: Scalar = 0.0
-    abs_sum: Scalar = 0.0  # |log pi_trainer - log pi_sampler|
+    abs_sum: Scalar = 0.0
     abs_max: Scalar = 0.0
-    k3_sum: Scalar = 0.0  # r - 1 - log r with r = pi_trainer / pi_sampler: KL(sampler || trainer), >= 0
-    ratio_sum: Scalar = 0.0  # r
+    k3_sum: Scalar = 0.0
+    ratio_sum: Scalar = 0.0
     ratio_max: Scalar = 0.0
-    outside_clip: Scalar = 0.0  # tokens whose r already sits outside the loss's trust region [1 - low, 1 + high]
-    clip_tokens: Scalar = 0.0  # tokens measured against a trust region (none for a loss that clips no ratio)
-    entropy_sum: Scalar = 0.0  # the trainer policy's entropy at each completion position (nats)
+    outside_clip: Scalar = 0.0
+    clip_tokens: Scalar = 0.0
+    entropy_sum: Scalar = 0.0
 
     @staticmethod
     def total(parts: Sequence[MismatchSums]) -> MismatchSums:

@@ -25,7 +25,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 @dataclass(frozen=True)
 class Precision:
-    """Weights (and optimizer state) in `weights`; forward and backward under autocast to `compute` when set."""
+    """Weights (and optimizer state) in `weights`; forward and backward under autocast to `compute` when set.
+
+    Args:
+        weights: The dtype of the weights and the optimizer state.
+        compute: The autocast dtype of forward and backward; None: no autocast (compute in `weights`).
+    """
 
     weights: torch.dtype
     compute: torch.dtype | None

@@ -48,7 +48,13 @@ log = logging.getLogger(__name__)
 
 
 class ShardOnLoad:
-    """Wraps a policy so that loading it also shards it (before the trainer builds its optimizer)."""
+    """Wraps a policy so that loading it also shards it (before the trainer builds its optimizer).
+
+    Args:
+        policy: The policy to load and shard (a `TrainablePolicy`).
+        compute_dtype: FSDP's parameter dtype for forward and backward; None: the weights' own.
+        needs_reference: Keep a reference copy of the whole weights before sharding (the loss's KL needs it).
+    """
 
     def __init__(self, policy: Any, compute_dtype: torch.dtype | None, needs_reference: bool) -> None:
         self.inner = policy
@@ -86,7 +92,14 @@ class ShardOnLoad:
 
 
 class ShardWorker:
-    """The actor's body. Every method except `address` is collective: the driver calls it on all ranks."""
+    """The actor's body. Every method except `address` is collective: the driver calls it on all ranks.
+
+    Args:
+        trainer: This rank's single-device trainer; its policy is wrapped to shard on load.
+        rank: This rank's index in the process group.
+        world_size: The number of ranks.
+        compute_dtype: The name of FSDP's parameter dtype (`bfloat16`); None: the weights' own.
+    """
 
     def __init__(self, *, trainer: GRPOTrainer, rank: int, world_size: int, compute_dtype: str | None) -> None:
         self.rank, self.world_size = rank, world_size

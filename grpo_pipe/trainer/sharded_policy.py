@@ -38,7 +38,12 @@ class _Ranks(Protocol):
 
 
 class ShardedPolicy:
-    """A handle to the policy the ranks hold. `inner` is the policy's config object (never loaded here)."""
+    """A handle to the policy the ranks hold. `inner` is the policy's config object (never loaded here).
+
+    Args:
+        ranks: The ranks that hold the policy, asked through collective calls.
+        inner: The policy's config object (its LoRA rank and alpha are read from it).
+    """
 
     def __init__(self, ranks: _Ranks, inner: Any) -> None:
         self.ranks = ranks

@@ -44,12 +44,20 @@ def peak_flops(device_name: str) -> float | None:
 
 @dataclass(frozen=True, kw_only=True)
 class ModelShape:
-    """The numbers the FLOP count needs, read from a Hugging Face config."""
+    """The numbers the FLOP count needs, read from a Hugging Face config.
+
+    Args:
+        layers: Decoder layers.
+        hidden: The hidden size.
+        attention_width: Query heads x head_dim.
+        body_params: The decoder's matmul weights, all layers.
+        vocab: The vocabulary size.
+    """
 
     layers: int
     hidden: int
-    attention_width: int  # query heads x head_dim
-    body_params: int  # the decoder's matmul weights, all layers
+    attention_width: int
+    body_params: int
     vocab: int
 
     @classmethod

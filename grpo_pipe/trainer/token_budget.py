@@ -28,12 +28,20 @@ MARGIN = 0.06  # of the card's memory, kept free: the allocator's fragmentation,
 
 @dataclass(frozen=True, kw_only=True)
 class MemoryProbe:
-    """What two probe passes measured on the trainer's card."""
+    """What two probe passes measured on the trainer's card.
 
-    bytes_per_token: float  # activation memory a packed pass holds per token at its peak
-    fixed_bytes: float  # the rest of a pass's peak above what was allocated before it (gradients, workspaces)
-    allocated_bytes: float  # allocated before a pass: weights and whatever else the trainer keeps
-    available_bytes: float  # free on the card, plus what this process's allocator holds unused
+    Args:
+        bytes_per_token: Activation memory a packed pass holds per token at its peak.
+        fixed_bytes: The rest of a pass's peak above what was allocated before it (gradients, workspaces).
+        allocated_bytes: Allocated before a pass: weights and whatever else the trainer keeps.
+        available_bytes: Free on the card, plus what this process's allocator holds unused.
+        total_bytes: The card's memory.
+    """
+
+    bytes_per_token: float
+    fixed_bytes: float
+    allocated_bytes: float
+    available_bytes: float
     total_bytes: float
 
 
