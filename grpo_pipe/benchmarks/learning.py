@@ -241,7 +241,7 @@ def report(curves: Sequence[Curve], budget_s: float) -> dict[str, Any]:
             "reward_steps_1_10": _mean(curve.step_rewards[:10]), "reward_steps_11_20": _mean(early[10:20]),
             "reward_by_10_steps": [_mean(curve.step_rewards[i : i + 10]) for i in range(0, curve.steps, 10)],
             "curve": [{"minutes": s.train_s / 60, "step": s.step, "accuracy": a, **groups}
-                      for s, a, groups in zip(curve.snapshots, curve.accuracy, _padded(curve.by_group, len(curve.accuracy)))],
+                      for s, a, groups in zip(curve.snapshots, curve.accuracy, curve.by_group)],
         }
         summary[curve.tool] = row
         print(f"\n{curve.tool}: {row['steps']} steps in {curve.train_s / 60:.2f} min of training "
@@ -259,11 +259,6 @@ def report(curves: Sequence[Curve], budget_s: float) -> dict[str, Any]:
             print(f"{a.tool} reaches {b.tool}'s final accuracy ({b.accuracy[-1]:.3f}) after "
                   + (f"{reached:.2f} min" if reached is not None else f"more than {budget_s / 60:.1f} min"))
     return summary
-
-
-def _padded(rows: Sequence[dict[str, float]], length: int) -> list[dict[str, float]]:
-    """`rows` with empty ones added up to `length` (a curve graded without groups has none)."""
-    return [*rows, *[{}] * (length - len(rows))]
 
 
 def _mean(values: Sequence[float]) -> float:
