@@ -65,20 +65,11 @@ class SamplingFields(BaseModel):
 
 
 class CompletionRequest(SamplingFields):
-    """`/v1/completions`: one prompt or several, and the sampling fields.
+    """`/v1/completions`: one prompt or several, and the sampling fields (`SamplingFields`, documented there).
 
     Args:
         prompt: One prompt, or several, each text or token ids.
         logprobs: Return each sampled token's log-prob when given (a number, as OpenAI's API takes); None: not.
-        n: Samples of the prompt.
-        max_tokens: The token budget of each sample; None: the model's default.
-        max_completion_tokens: The chat API's newer name for `max_tokens`; it wins where both are given.
-        temperature: The sampling temperature.
-        top_p: Nucleus sampling's probability mass.
-        stop: A string, or several, that ends a sample.
-        stop_token_ids: Token ids that end a sample.
-        seed: The sampling seed; None: unseeded.
-        stream: Must be false: streaming is not served.
     """
 
     prompt: str | list[int] | list[str | list[int]]
@@ -86,22 +77,14 @@ class CompletionRequest(SamplingFields):
 
 
 class ChatRequest(SamplingFields):
-    """`/v1/chat/completions`: chat messages rendered with the model's chat template, and the sampling fields.
+    """`/v1/chat/completions`: chat messages rendered with the model's chat template, and the sampling fields
+    (`SamplingFields`, documented there).
 
     Args:
         messages: The conversation so far, as `{"role", "content"}` messages.
         logprobs: Return each sampled token's log-prob.
         top_logprobs: Accepted, not served: every token's `top_logprobs` is empty.
         tools: The tools' JSON schemas, handed to the chat template; None: none.
-        n: Samples of the prompt.
-        max_tokens: The token budget of each sample; None: the model's default.
-        max_completion_tokens: The chat API's newer name for `max_tokens`; it wins where both are given.
-        temperature: The sampling temperature.
-        top_p: Nucleus sampling's probability mass.
-        stop: A string, or several, that ends a sample.
-        stop_token_ids: Token ids that end a sample.
-        seed: The sampling seed; None: unseeded.
-        stream: Must be false: streaming is not served.
     """
 
     messages: list[dict[str, Any]]
@@ -111,20 +94,12 @@ class ChatRequest(SamplingFields):
 
 
 class GenerateRequest(SamplingFields):
-    """vLLM's `/generate`: `{"prompt": {"prompt_token_ids": [...]}}` or a text prompt, and sampling parameters.
+    """vLLM's `/generate`: `{"prompt": {"prompt_token_ids": [...]}}` or a text prompt, and the sampling fields
+    (`SamplingFields`, documented there).
 
     Args:
         prompt: A text prompt, or `{"prompt_token_ids": [...]}`.
         logprobs: Accepted for vLLM's API; the log-probs are always returned.
-        n: Samples of the prompt.
-        max_tokens: The token budget of each sample; None: the model's default.
-        max_completion_tokens: The chat API's newer name for `max_tokens`; it wins where both are given.
-        temperature: The sampling temperature.
-        top_p: Nucleus sampling's probability mass.
-        stop: A string, or several, that ends a sample.
-        stop_token_ids: Token ids that end a sample.
-        seed: The sampling seed; None: unseeded.
-        stream: Must be false: streaming is not served.
     """
 
     prompt: str | dict[str, list[int]]
