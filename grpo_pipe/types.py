@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -355,3 +356,22 @@ class Ledger:
 
     def balanced(self) -> bool:
         return self.trained + sum(self.dropped.values()) + self.in_flight == self.submitted and self.repeated == 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrackedRun:
+    """The run a tracker opens for one job (`Tracker.start`): what it is called and tagged, where it belongs.
+
+    Args:
+        name: The run's display name.
+        tags: Facts known at the start (config choices, the machine), set on the run.
+        sweep_dir: The sweep's folder when the run is one job of a sweep (its runs are nested under one parent).
+        resume_run_id: The id of the run a resumed job continues, or None for a new run.
+        output_dir: The job's folder, where a tracker may leave what it could not deliver.
+    """
+
+    name: str
+    tags: Mapping[str, str]
+    sweep_dir: str | None = None
+    resume_run_id: str | None = None
+    output_dir: Path | None = None

@@ -25,6 +25,7 @@ from grpo_pipe.types import (
     SamplingSettings,
     SyncStats,
     Task,
+    TrackedRun,
 )
 
 TASKS = [Task(uid=f"t/{i}", question=f"{i} + 1", answer=str(i + 1)) for i in range(8)]
@@ -224,10 +225,7 @@ class ListTracker:
         self.metrics: list[tuple[int, dict[str, float]]] = []
         self.artifacts: list[tuple[Path, str | None]] = []
 
-    def start(
-        self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None = None, resume_run_id: str | None = None,
-        output_dir: Path | None = None,
-    ) -> None: ...
+    def start(self, run: TrackedRun) -> None: ...
 
     def set_tags(self, tags: Mapping[str, str]) -> None: ...
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from grpo_pipe.interfaces.training import ShardedState
+from grpo_pipe.types import TrackedRun
 
 
 @runtime_checkable
@@ -91,22 +92,11 @@ class Tracker(Protocol):
 
     run_id: str | None
 
-    def start(
-        self,
-        run_name: str,
-        tags: Mapping[str, str],
-        sweep_dir: str | None = None,
-        resume_run_id: str | None = None,
-        output_dir: Path | None = None,
-    ) -> None:
-        """Open the run (or continue `resume_run_id`).
+    def start(self, run: TrackedRun) -> None:
+        """Open the run (or continue `run.resume_run_id`).
 
         Args:
-            run_name: The run's display name.
-            tags: Facts known at the start (config choices, the machine), set on the run.
-            sweep_dir: The sweep's folder when the run is one job of a sweep (its runs are nested under one parent).
-            resume_run_id: The id of the run a resumed job continues, or None for a new run.
-            output_dir: The job's folder, where a tracker may leave what it could not deliver.
+            run: Its name and tags, the sweep it belongs to, the run it continues, the job's folder.
         """
         ...
 

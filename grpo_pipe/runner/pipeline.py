@@ -22,7 +22,7 @@ from grpo_pipe.runner.components import PLAIN_KEYS, VALIDATED_GROUPS, Components
 from grpo_pipe.runner.progress import format_metrics
 from grpo_pipe.runner.recipe import GRPORecipe, RunResult, check_data_and_reward
 from grpo_pipe.runtime.stopping import StopRequest
-from grpo_pipe.types import Ledger
+from grpo_pipe.types import Ledger, TrackedRun
 
 __all__ = ["PLAIN_KEYS", "VALIDATED_GROUPS", "Components", "JobContext", "RunResult", "build", "run"]
 
@@ -63,13 +63,13 @@ def run(cfg: DictConfig, job: JobContext) -> RunResult:
         parts.checkpoint.resume_in(resume_from.path.parent)
     else:
         parts.checkpoint.attach(job.output_dir)
-    tracker.start(
-        run_name(parts.run.name, job),
+    tracker.start(TrackedRun(
+        name=run_name(parts.run.name, job),
         tags={"grpo_pipe.output_dir": str(job.output_dir), **job.tags},
         sweep_dir=job.sweep_dir,
         resume_run_id=resume_from.loop_state()["mlflow_run_id"] if resume_from is not None else None,
         output_dir=job.output_dir,
-    )
+    ))
     if resume_from is not None:  # the steps after this checkpoint are done again
         tracker.set_tags({"grpo_pipe.resumed_from_step": str(resume_from.step)})
     config_yaml = OmegaConf.to_yaml(OmegaConf.create(_plain(cfg)))

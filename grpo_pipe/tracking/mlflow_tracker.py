@@ -29,6 +29,7 @@ from grpo_pipe.runtime.env import bound_mlflow_http_waits, mlflow_tracking_uri
 from grpo_pipe.tracking import mlflow_records as records
 from grpo_pipe.tracking.outbox import PENDING_FILE, UPLOAD_COMMAND, Outbox, store_refused, write_pending
 from grpo_pipe.tracking.run_tags import SWEEP_SPEC_TAG, sweep_run_name
+from grpo_pipe.types import TrackedRun
 
 log = logging.getLogger(__name__)
 
@@ -135,23 +136,16 @@ class MlflowTracker:
                 problems.append(f"artifact_location={self.artifact_location}: {problem}")
         return problems
 
-    def start(
-        self,
-        run_name: str,
-        tags: Mapping[str, str],
-        sweep_dir: str | None = None,
-        resume_run_id: str | None = None,
-        output_dir: Path | None = None,
-    ) -> None:
-        """A new run, or with `resume_run_id` the same run continued (a resumed job). Talks to the store directly:
+    def start(self, run: TrackedRun) -> None:
+        """A new run, or with `run.resume_run_id` the same run continued (a resumed job). Talks to the store directly:
         a server that does not answer here is an `InputError` (nothing has run yet, so nothing is lost)."""
         from mlflow.tracking import MlflowClient
 
         bound_mlflow_http_waits()
         self._client = MlflowClient(tracking_uri=self.tracking_uri)
-        self.pending_file = None if output_dir is None else Path(output_dir) / PENDING_FILE
+        self.pending_file = None if run.output_dir is None else Path(run.output_dir) / PENDING_FILE
         try:
-            self._open_run(run_name, tags, sweep_dir, resume_run_id)
+            self._open_run(run)
         except Exception as err:
             if store_refused(err) or is_local_store(self.tracking_uri):
                 raise
@@ -163,22 +157,21 @@ class MlflowTracker:
         self._outbox = Outbox(send=lambda record: records.send(self._client, self._run(), record), target=self.tracking_uri,
                               max_backoff_s=self.retry_max_s, journal=self.pending_file, journal_header=self._header())
         self._outbox.start()
-        self._start_system_metrics(resumed=resume_run_id is not None)
+        self._start_system_metrics(resumed=run.resume_run_id is not None)
 
-    def _open_run(
-        self, run_name: str, tags: Mapping[str, str], sweep_dir: str | None, resume_run_id: str | None
-    ) -> None:
-        if resume_run_id is not None:
-            self._continue_run(resume_run_id)
+    def _open_run(self, run: TrackedRun) -> None:
+        if run.resume_run_id is not None:
+            self._continue_run(run.resume_run_id)
             return
         experiment_id = self._experiment_id()
-        all_tags = {**tags, ATTEMPT_TAG: "1"}
-        if sweep_dir is not None:
-            self.parent_run_id = self._find_or_create_parent(experiment_id, sweep_dir, tags.get(SWEEP_SPEC_TAG, ""))
+        all_tags = {**run.tags, ATTEMPT_TAG: "1"}
+        if run.sweep_dir is not None:
+            self.parent_run_id = self._find_or_create_parent(experiment_id, run.sweep_dir,
+                                                             run.tags.get(SWEEP_SPEC_TAG, ""))
             all_tags["mlflow.parentRunId"] = self.parent_run_id
             all_tags[ROLE_TAG] = "child"
-        run = self._client.create_run(experiment_id, run_name=run_name, tags=all_tags)
-        self.run_id = run.info.run_id
+        created = self._client.create_run(experiment_id, run_name=run.name, tags=all_tags)
+        self.run_id = created.info.run_id
 
     def _continue_run(self, run_id: str) -> None:
         """Note how the earlier attempt ended, then mark the run RUNNING again. A run still RUNNING was never

@@ -6,20 +6,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from grpo_pipe.types import TrackedRun
+
 
 class NullTracker:
     """`logger=none`: records nothing. Takes no arguments."""
 
     run_id: str | None = None
 
-    def start(
-        self,
-        run_name: str,
-        tags: Mapping[str, str],
-        sweep_dir: str | None = None,
-        resume_run_id: str | None = None,
-        output_dir: Path | None = None,
-    ) -> None:
+    def start(self, run: TrackedRun) -> None:
         pass
 
     def set_tags(self, tags: Mapping[str, str]) -> None:

@@ -14,6 +14,7 @@ from grpo_pipe.tracking.comparison_plots import spans_decades
 from grpo_pipe.tracking.mlflow_tracker import EXPERIMENT_KIND_TAG, MODEL_TRAINING_KIND, MlflowTracker
 from grpo_pipe.tracking.run_tags import run_tags
 from grpo_pipe.tracking.sweep_runs import find_parent, read_children
+from grpo_pipe.types import TrackedRun
 
 # Three bridges of one sweep: step -> (reward, sync phases), and a final accuracy each; lora is best.
 BRIDGES = {"reload": 0.25, "lora": 0.75, "nccl": 0.5}
@@ -29,7 +30,8 @@ def sweep(tmp_path_factory: pytest.TempPathFactory) -> tuple[MlflowClient, str, 
     tracker = MlflowTracker(tracking_uri=store, artifact_location=str(tmp_path / "artifacts"), system_metrics=False)
     for index, (bridge, accuracy) in enumerate(BRIDGES.items()):
         overrides = [f"weight_bridge={bridge}", "trainer.steps=2", "model=tiny_random"]
-        tracker.start(f"job{index}", run_tags(["python"], {"weight_bridge": bridge}, overrides), sweep_dir=str(sweep_dir))
+        tracker.start(TrackedRun(name=f"job{index}", tags=run_tags(["python"], {"weight_bridge": bridge}, overrides),
+                                 sweep_dir=str(sweep_dir)))
         tracker.log_params({"run.objective": "eval/accuracy", "run.objective_direction": "maximize"})
         tracker.log_metrics({"eval/accuracy": 0.0, "eval/score": 0.0}, step=0)
         for step in (1, 2):
@@ -126,7 +128,7 @@ def test_the_report_finds_the_parent_by_sweep_folder_or_run_id(sweep, tmp_path: 
 def test_tracker_marks_the_experiment_copies_headline_metrics_and_links_the_training_view(tmp_path: Path) -> None:
     tracker = MlflowTracker(tracking_uri=f"sqlite:///{tmp_path}/m.db", artifact_location=str(tmp_path / "a"),
                             system_metrics=False)
-    tracker.start("one", {"grpo_pipe.choice.weight_bridge": "lora"})
+    tracker.start(TrackedRun(name="one", tags={"grpo_pipe.choice.weight_bridge": "lora"}))
     tracker.log_metrics({"train/reward/mean": 0.5, "sync/total_s": 2.0, "async/queue_depth": 1.0}, step=1)
     tracker.close()
     client = MlflowClient(tracking_uri=tracker.tracking_uri)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from grpo_pipe.types import TrackedRun
 from tests.conftest import REPO, TINY
 from tests.mlflow_server import Server
 
@@ -202,7 +203,7 @@ def test_a_stop_bounds_the_wait_for_an_absent_server_and_loses_no_record(server:
     from grpo_pipe.tracking.mlflow_tracker import MlflowTracker
 
     tracker = MlflowTracker(tracking_uri=server.uri, system_metrics=False, retry_max_s=1, flush_timeout_s=600)
-    tracker.start("stopped", tags={}, output_dir=tmp_path)
+    tracker.start(TrackedRun(name="stopped", tags={}, output_dir=tmp_path))
     tracker.log_metrics({"train/loss": 0.5}, step=1)
     server.stop()
     tracker.log_metrics({"train/loss": 0.25}, step=2)
