@@ -6,10 +6,12 @@ runs (`VllmEngine`), and each group's rules sit beside its fields (`config_probl
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from grpo_pipe.config.errors import failed
+from grpo_pipe.runtime import env
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +39,8 @@ class LayoutSettings:
         in_process: The engine core in this process (True) or one of its own (False). None: resolved by the engine
             for the machine (its own process on a GPU, this one on a CPU; in `placement=split`'s engine actors, the
             actor's process).
-        device_ids: GPU ids for an engine process of its own (e.g. "1"); None: the trainer's devices.
+        device_ids: GPUs for an engine process of its own, as indices among those this process sees (e.g. "1",
+            the second of CUDA_VISIBLE_DEVICES when it is set); None: the trainer's devices.
         tensor_parallel_size: GPUs one replica spans (`placement=split` reserves them in Ray).
         background: Generate on a thread of its own, so the trainer trains while the engine generates the next
             batch. None: the runner decides (on exactly when the rollout scheduler may run ahead).
@@ -50,13 +53,24 @@ class LayoutSettings:
 
     def config_problems(self) -> list[str]:
         # A null in_process with device ids set resolves to a process of its own, so the raw value is the one to judge.
+        devices = None if self.device_ids is None else _device_ids_problem(str(self.device_ids))
         return failed(
             (self.tensor_parallel_size >= 1,
              f"rollout.layout.tensor_parallel_size={self.tensor_parallel_size}: must be >= 1"),
             (self.device_ids is None or self.in_process is not True,
              f"rollout.layout.device_ids={self.device_ids!r} needs rollout.layout.in_process=false "
              "(an engine process of its own)"),
+            (devices is None, str(devices)),
         )
+
+
+def _device_ids_problem(device_ids: str) -> str | None:
+    """Why `device_ids` names no GPU this process may give its engine, or None."""
+    try:
+        env.among_visible(device_ids, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    except ValueError as err:
+        return str(err)
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -44,13 +44,15 @@ def quiet_libraries() -> None:
 def visible_devices(device_ids: str | None) -> Iterator[None]:
     """Make only `device_ids` visible to processes started inside this block (the engine process).
 
+    The ids count among the GPUs this process sees, as `cuda:N` does: under `CUDA_VISIBLE_DEVICES=2,3`, id "1" is
+    the card listed second (physical 3), not physical 1, which may be another job's card or the trainer's own.
     The current process is unaffected once it has initialised CUDA, so the trainer keeps its GPU.
     """
     if device_ids is None:
         yield
         return
     previous = os.environ.get("CUDA_VISIBLE_DEVICES")
-    os.environ["CUDA_VISIBLE_DEVICES"] = device_ids
+    os.environ["CUDA_VISIBLE_DEVICES"] = among_visible(str(device_ids), previous)  # `=1` on the command line is an int
     try:
         yield
     finally:
@@ -108,3 +110,23 @@ def halt_request() -> HaltRequest | None:
         return None
     points = tuple((point, int(step)) for point, _, step in (item.partition("@") for item in spec.split(",")))
     return HaltRequest(points, Path(marker))
+
+
+def among_visible(device_ids: str, visible: str | None) -> str:
+    """`device_ids` ("1" or "0,1", indices among the visible GPUs) as entries of `visible` (ids or UUIDs), for a child.
+
+    Raises ValueError naming both when an index is past the visible list, rather than start an engine on a card the
+    user did not give this job.
+    """
+    entries = [entry.strip() for entry in device_ids.split(",")]
+    if not entries or not all(entry.isdigit() for entry in entries):
+        raise ValueError(f"rollout.layout.device_ids={device_ids!r}: allowed: GPU indices such as \"1\" or \"0,1\"")
+    if not visible:
+        return device_ids
+    listed = [entry.strip() for entry in visible.split(",") if entry.strip()]
+    wanted = [int(entry) for entry in entries]
+    if any(not 0 <= index < len(listed) for index in wanted):
+        raise ValueError(f"rollout.layout.device_ids={device_ids!r}: this process sees {len(listed)} GPU(s) "
+                         f"(CUDA_VISIBLE_DEVICES={visible}); allowed: indices 0..{len(listed) - 1} among them")
+    return ",".join(listed[index] for index in wanted)
+
