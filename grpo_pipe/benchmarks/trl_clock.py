@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,7 @@ def snapshot_writer(tokenizer: Any) -> Callable[[PreTrainedModel, Path], None]:
     return save
 
 
+@dataclass(kw_only=True, eq=False)
 class WallClockBudget(TrainerCallback):
     """Measures training wall-clock, snapshots at each mark and at the end, stops once the budget is spent.
 
@@ -69,28 +70,21 @@ class WallClockBudget(TrainerCallback):
         clock: The clock, in seconds.
     """
 
-    def __init__(
-        self,
-        *,
-        save: Callable[[PreTrainedModel, Path], None],
-        out_dir: Path,
-        budget_s: float,
-        mark_every_s: float,
-        called: float,
-        clock: Callable[[], float] = time.perf_counter,
-    ) -> None:
-        self.save = save
-        self.out_dir = out_dir
-        self.budget_s = budget_s
-        self.mark_every_s = mark_every_s
-        self.called = called
-        self.clock = clock
-        self.snapshots: list[Snapshot] = []
-        self.startup_s = 0.0
-        self.started: float | None = None  # clock() at the first step's start
-        self.paused_s = 0.0  # seconds spent writing snapshots after the start
-        self.next_mark_s = mark_every_s
-        self.last_step_s = 0.0  # training seconds at the end of the last step
+    save: Callable[[PreTrainedModel, Path], None]
+    out_dir: Path
+    budget_s: float
+    mark_every_s: float
+    called: float
+    clock: Callable[[], float] = time.perf_counter
+    snapshots: list[Snapshot] = field(init=False, default_factory=list)
+    startup_s: float = field(init=False, default=0.0)
+    started: float | None = field(init=False, default=None)  # clock() at the first step's start
+    paused_s: float = field(init=False, default=0.0)  # seconds spent writing snapshots after the start
+    next_mark_s: float = field(init=False)  # the training seconds of the next snapshot: mark_every_s at first
+    last_step_s: float = field(init=False, default=0.0)  # training seconds at the end of the last step
+
+    def __post_init__(self) -> None:
+        self.next_mark_s = self.mark_every_s
 
     def train_s(self) -> float:
         return 0.0 if self.started is None else self.clock() - self.started - self.paused_s
