@@ -32,7 +32,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from grpo_pipe.data.prompts import a_few, cut_to
@@ -101,6 +101,7 @@ class RolloutSchedulerSettings:
                                 in_flight_on_resume=self.in_flight_on_resume)
 
 
+@dataclass(kw_only=True, eq=False)
 class RolloutScheduler:
     """The source of training batches the recipe builds from `RolloutSchedulerSettings` (`RolloutSource` in interfaces):
     see the module's description.
@@ -115,45 +116,31 @@ class RolloutScheduler:
         stale_policy: `pace` or `drop`, as in `RolloutSchedulerSettings`.
         prompt_limit: Prompt tokens that leave room for the answer in the engine; None: no limit.
         overlong_prompts: A prompt over `prompt_limit` is skipped (and counted) or truncated from the left.
-        environment: Turns prompts into completions (one engine call, or episodes with tools); None: one turn.
+        environment: Turns prompts into completions (one engine call, or episodes with tools); not given: one turn
+            (`SingleTurn`).
         in_flight_on_resume: `keep` or `drop`, as in `RolloutSchedulerSettings`.
     """
 
-    def __init__(
-        self,
-        *,
-        engine: RolloutEngine,
-        next_batch: Callable[[], list[tuple[Task, int]]],
-        render: Callable[[Task], tuple[int, ...]],
-        sampling: SamplingSettings,
-        total_steps: int,
-        max_staleness: int,
-        stale_policy: StalePolicy,
-        prompt_limit: int | None = None,
-        overlong_prompts: Literal["skip", "truncate"] = "skip",
-        environment: Environment | None = None,
-        in_flight_on_resume: InFlightOnResume = "keep",
-    ) -> None:
-        self.engine = engine
-        self.next_batch = next_batch
-        self.render = render
-        self.sampling = sampling
-        self.total_steps = total_steps
-        self.max_staleness = max_staleness
-        self.stale_policy = stale_policy
-        self.prompt_limit = prompt_limit  # prompt tokens that leave room for the answer in the engine
-        self.overlong_prompts = overlong_prompts
-        self.environment: Environment = environment or SingleTurn()  # one engine call per batch, or tool-using episodes
-        self.in_flight_on_resume = in_flight_on_resume
-        self.ledger = Ledger()
-        self.groups = GroupRecord()  # each group's outcome by id `<batch>.<position>`
-        self.generation_intervals: list[tuple[float, float]] = []  # engine busy spans, wall clock
-        self._queue: deque[_InFlight] = deque()
-        self._submitted = 0
-        self._last_finished: float | None = None
-        # Wraps every wait on the engine; a stop signal may abandon it (StopRequest.interruptible).
-        self.guard: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
-        self.interrupted: str | None = None  # set when a stop signal abandoned a generation
+    engine: RolloutEngine
+    next_batch: Callable[[], list[tuple[Task, int]]]
+    render: Callable[[Task], tuple[int, ...]]
+    sampling: SamplingSettings
+    total_steps: int
+    max_staleness: int
+    stale_policy: StalePolicy
+    prompt_limit: int | None = None
+    overlong_prompts: Literal["skip", "truncate"] = "skip"
+    environment: Environment = field(default_factory=SingleTurn)
+    in_flight_on_resume: InFlightOnResume = "keep"
+    ledger: Ledger = field(init=False, default_factory=Ledger)
+    groups: GroupRecord = field(init=False, default_factory=GroupRecord)  # each group's outcome by id `<batch>.<position>`
+    generation_intervals: list[tuple[float, float]] = field(init=False, default_factory=list)  # engine busy spans, wall clock
+    # Wraps every wait on the engine; a stop signal may abandon it (StopRequest.interruptible).
+    guard: Callable[[], contextlib.AbstractContextManager[None]] = field(init=False, default=contextlib.nullcontext)
+    interrupted: str | None = field(init=False, default=None)  # set when a stop signal abandoned a generation
+    _queue: deque[_InFlight] = field(init=False, default_factory=deque)
+    _submitted: int = field(init=False, default=0)
+    _last_finished: float | None = field(init=False, default=None)
 
     @property
     def in_flight(self) -> int:
