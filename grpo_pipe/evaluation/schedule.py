@@ -29,6 +29,7 @@ class LastEvaluation:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+@dataclass(kw_only=True, eq=False)
 class HeldOutEvaluation:
     """Greedy accuracy on the held-out split every `eval_every` steps, before and after training.
 
@@ -44,32 +45,23 @@ class HeldOutEvaluation:
         environment: Runs held-out tasks as the training rollouts run (tools allowed); None: one engine call each.
     """
 
-    def __init__(
-        self,
-        *,
-        prompts: Sequence[tuple[int, ...]],
-        tasks: Sequence[Task],
-        reward: Reward,
-        plan: EvalPlan,
-        eval_every: int,
-        patience: int,
-        checkpoints: CheckpointStore,
-        export_best: Callable[[Path], None],
-        environment: Environment | None = None,
-    ) -> None:
-        self.prompts = list(prompts)
-        self.tasks = list(tasks)
-        self.reward = reward
-        self.plan = plan
-        self.eval_every = eval_every
-        self.patience = patience
-        self.checkpoints = checkpoints
-        self.export_best = export_best
-        self.history: list[tuple[int, float]] = []  # (step, best_metric value)
-        self.without_improvement = 0
-        self.last = LastEvaluation()
-        self.environment = environment
-        self.last_completions: list[Completion] = []  # the latest evaluation's greedy completions, one per task
+    prompts: Sequence[tuple[int, ...]]
+    tasks: Sequence[Task]
+    reward: Reward
+    plan: EvalPlan
+    eval_every: int
+    patience: int
+    checkpoints: CheckpointStore
+    export_best: Callable[[Path], None]
+    environment: Environment | None = None
+    history: list[tuple[int, float]] = field(init=False, default_factory=list)  # (step, best_metric value)
+    without_improvement: int = field(init=False, default=0)
+    last: LastEvaluation = field(init=False, default_factory=LastEvaluation)
+    # The latest evaluation's greedy completions, one per task.
+    last_completions: list[Completion] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.prompts, self.tasks = list(self.prompts), list(self.tasks)  # copies: the caller's lists may change
 
     def due(self, step: int, last_step: int) -> bool:
         """Mid-run evaluations only: the last step is evaluated by the run's end."""
