@@ -16,7 +16,7 @@ from grpo_pipe.benchmarks.curves import Curve, Snapshot
 from grpo_pipe.benchmarks.trl_tools import EnvironmentWithTools, episode_log, tool_peer
 from grpo_pipe.config.errors import InputError
 from grpo_pipe.data.prompts import chat_messages
-from grpo_pipe.environments.tool_environment import CallFormat
+from grpo_pipe.environments.call_formats import CallFormat
 from grpo_pipe.interfaces import Environment, Reward
 from grpo_pipe.runner.components import Components
 from grpo_pipe.runner.step_metrics import sample_rows

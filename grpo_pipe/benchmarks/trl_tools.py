@@ -35,8 +35,9 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from grpo_pipe.config.errors import ConfigError
+from grpo_pipe.environments.call_formats import CallFormat
 from grpo_pipe.environments.calling import Call, call_all
-from grpo_pipe.environments.tool_environment import CallFormat, episode_messages, with_instructions
+from grpo_pipe.environments.tool_environment import episode_messages, with_instructions
 from grpo_pipe.environments.toolbox import Tool, function_tools
 from grpo_pipe.interfaces import Environment
 from grpo_pipe.types import EpisodeLog, Task, Turn

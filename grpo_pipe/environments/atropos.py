@@ -27,13 +27,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-from grpo_pipe.environments.atropos_api import (
-    AtroposApi,
-    AtroposServer,
-    EnvironmentEvaluations,
-    EnvironmentProcesses,
-    Registration,
-)
+from grpo_pipe.environments.atropos_api import AtroposApi, Registration
+from grpo_pipe.environments.atropos_processes import AtroposServer, EnvironmentEvaluations, EnvironmentProcesses
 from grpo_pipe.environments.scored_groups import Limits, RefusedGroup, ScoredGroup, read_scored_group
 from grpo_pipe.environments.single_turn import SingleTurn
 from grpo_pipe.interfaces import GeneratesInBackground, PendingRollout, RolloutEngine

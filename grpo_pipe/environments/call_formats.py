@@ -9,7 +9,7 @@
 
 A turn is cut at the first call's closing tag (a stop string), so a turn holds at most one call. A call that cannot
 be read (unknown tool, bad JSON, missing or unexpected arguments, a tag left open) is a problem the model sees as
-an error observation, never an exception.
+an error observation, never an exception. `CallFormat` states what every format does.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from grpo_pipe.environments.toolbox import Tool
 
@@ -41,6 +41,46 @@ class ParsedTurn:
     def acts(self) -> bool:
         """Whether the turn called a tool (well-formed or not): the episode goes on."""
         return self.name is not None or self.problem is not None
+
+
+class CallFormat(Protocol):
+    """How calls are written and read: what `TagCalls` and `HermesCalls` both do, and all that `ToolEnvironment`
+    asks of `environment.call_format`."""
+
+    template_renders_tools: bool
+
+    def stop_strings(self, tools: Sequence[Tool]) -> list[str]:
+        """Where the engine stops a turn: the end of a call, so the result comes next.
+
+        Args:
+            tools: The episode's tools.
+        """
+        ...
+
+    def instructions(self, tools: Sequence[Tool]) -> str:
+        """What the system prompt says about calling the tools (empty where the chat template renders them).
+
+        Args:
+            tools: The episode's tools.
+        """
+        ...
+
+    def parse(self, text: str, tools: Sequence[Tool]) -> ParsedTurn:
+        """The calls in a model turn (and a final answer, or a malformed call).
+
+        Args:
+            text: The turn's text as the model wrote it.
+            tools: The episode's tools, to tell a call from text.
+        """
+        ...
+
+    def result_message(self, result: str) -> dict[str, str]:
+        """The chat message that gives the model a tool's result.
+
+        Args:
+            result: The tool's result (or error) as text.
+        """
+        ...
 
 
 class TagCalls:

@@ -8,7 +8,9 @@ when the environment says it is done, or at a limit (`max_turns`, `max_episode_t
 
 What the trainer gets per episode is one completion: every token after the prompt, exactly as the engine sampled
 it or was fed it, `sampled_by_model` marking the model's; the model's tokens keep their engine log-probs and the
-policy version that sampled them (a sync that lands between two turns shows as a version switch).
+policy version that sampled them (a sync that lands between two turns shows as a version switch). The episode's record
+and the completion made of it live in `environments/episode.py`; how a call is written and read, in
+`environments/call_formats.py`.
 """
 
 from __future__ import annotations
@@ -18,17 +20,18 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 from grpo_pipe.config.errors import failed
 from grpo_pipe.data.prompts import chat_messages
-from grpo_pipe.environments.call_formats import ParsedTurn, TagCalls
+from grpo_pipe.environments.call_formats import CallFormat, ParsedTurn, TagCalls
 from grpo_pipe.environments.calling import Call, ToolResult, call_all
 from grpo_pipe.environments.chat_glue import ChatGlue
+from grpo_pipe.environments.episode import Episode
 from grpo_pipe.environments.toolbox import (
     EpisodeTools,
     Tool,
@@ -42,77 +45,9 @@ from grpo_pipe.environments.toolbox import (
 )
 from grpo_pipe.interfaces import PendingRollout, RolloutEngine
 from grpo_pipe.runtime.stopping import GenerationInterrupted
-from grpo_pipe.types import Completion, EpisodeLog, GeneratedBatch, RequestTelemetry, SamplingSettings, Task, Turn, derive_seed
+from grpo_pipe.types import Completion, GeneratedBatch, SamplingSettings, Task, Turn, derive_seed
 
 log = logging.getLogger(__name__)
-
-
-class CallFormat(Protocol):
-    """How calls are written and read (`environments/call_formats.py`)."""
-
-    template_renders_tools: bool
-
-    def stop_strings(self, tools: Sequence[Tool]) -> list[str]:
-        """Where the engine stops a turn: the end of a call, so the result comes next.
-
-        Args:
-            tools: The episode's tools.
-        """
-        ...
-
-    def instructions(self, tools: Sequence[Tool]) -> str:
-        """What the system prompt says about calling the tools (empty where the chat template renders them).
-
-        Args:
-            tools: The episode's tools.
-        """
-        ...
-
-    def parse(self, text: str, tools: Sequence[Tool]) -> ParsedTurn:
-        """The calls in a model turn (and a final answer, or a malformed call).
-
-        Args:
-            text: The turn's text as the model wrote it.
-            tools: The episode's tools, to tell a call from text.
-        """
-        ...
-
-    def result_message(self, result: str) -> dict[str, str]:
-        """The chat message that gives the model a tool's result.
-
-        Args:
-            result: The tool's result (or error) as text.
-        """
-        ...
-
-
-@dataclass(kw_only=True)
-class _Episode:
-    """One episode while it runs: its tokens so far and what happened."""
-
-    prompt: tuple[int, ...]
-    tools: EpisodeTools | None  # None: the environment failed to start (counted; the episode ends after one turn)
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    sampled: list[bool] = field(default_factory=list)
-    first_version: int | None = None
-    switches: list[tuple[int, int]] = field(default_factory=list)
-    turns: list[Turn] = field(default_factory=list)
-    model_turns: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
-    tool_timeouts: int = 0
-    tool_s: float = 0.0
-    fed_tokens: int = 0  # prompt tokens of every turn's request (the prompt and the history so far)
-    cached_tokens: int = 0  # of those, served from the prefix cache
-    last_finish: str = "stop"
-    ended_by: str | None = None
-    answer: str = ""
-    pending: ParsedTurn | None = None  # the call of the model's latest turn, if it made one
-
-    @property
-    def newest_version(self) -> int:
-        return self.switches[-1][1] if self.switches else (self.first_version or 0)
 
 
 class ToolEnvironment:
@@ -276,13 +211,13 @@ class ToolEnvironment:
             for episode, output in zip(live, outputs):
                 self._append_model_turn(episode, output[0])
             live = [e for e in live if e.ended_by is None]  # answered, or at a limit: no call is run
-        return GeneratedBatch([[self._completion(e) for e in group] for group in episodes], started, time.time())
+        return GeneratedBatch([[e.finish() for e in group] for group in episodes], started, time.time())
 
     def _with_stops(self, sampling: SamplingSettings) -> SamplingSettings:
         stops = list(sampling.extra.get("stop", [])) + self.call_format.stop_strings(self.tools)
         return replace(sampling, extra={**sampling.extra, "stop": stops, "include_stop_str_in_output": True})
 
-    def _start(self, task: Task, prompt: tuple[int, ...], first: Completion) -> _Episode:
+    def _start(self, task: Task, prompt: tuple[int, ...], first: Completion) -> Episode:
         try:
             tools = (start_environment(self._class, self._callables, task) if self._class is not None
                      else EpisodeTools(self._callables))
@@ -294,14 +229,14 @@ class ToolEnvironment:
             log.warning("%s.reset() returned %r: the model does not see it (the prompt is the task's question, rendered "
                         "before the episode starts); put what it should read in the task", self.environment_class,
                         str(tools.reset_reply)[:80])
-        episode = _Episode(prompt=prompt, tools=tools)
+        episode = Episode(prompt=prompt, tools=tools)
         self._append_model_turn(episode, first)
         if tools is None:
             episode.tool_errors += 1
             episode.ended_by = "environment_error"
         return episode
 
-    def _append_model_turn(self, episode: _Episode, turn: Completion) -> None:
+    def _append_model_turn(self, episode: Episode, turn: Completion) -> None:
         offset = len(episode.tokens)
         if episode.first_version is None:
             episode.first_version = turn.policy_version
@@ -327,21 +262,21 @@ class ToolEnvironment:
         elif len(episode.tokens) >= self.max_episode_tokens:
             episode.ended_by = "token_budget"
 
-    def _act(self, live: Sequence[_Episode]) -> None:
+    def _act(self, live: Sequence[Episode]) -> None:
         """Run every pending call of this round at once; append each result as the environment's tokens."""
         calls = [self._call_of(e) for e in live]
         results = call_all(calls, self.tool_timeout_s, self.max_result_chars)
         for episode, result in zip(live, results):
             self._append_result(episode, result)
 
-    def _call_of(self, episode: _Episode) -> Call:
+    def _call_of(self, episode: Episode) -> Call:
         parsed = episode.pending
         assert parsed is not None and episode.tools is not None
         if parsed.problem is not None or parsed.name is None:
             return Call(None, {}, problem=parsed.problem or "malformed call")
         return Call(episode.tools.tools[parsed.name], parsed.arguments)
 
-    def _append_result(self, episode: _Episode, result: ToolResult) -> None:
+    def _append_result(self, episode: Episode, result: ToolResult) -> None:
         assert self._glue is not None and episode.tools is not None
         episode.tool_calls += 1
         episode.tool_errors += result.outcome == "error"
@@ -359,33 +294,6 @@ class ToolEnvironment:
         episode.sampled += [False] * len(glue)
         if episode.tools.done:
             episode.ended_by = "done"
-
-    def _completion(self, episode: _Episode) -> Completion:
-        reward = None
-        if episode.tools is not None:
-            try:
-                reward = episode.tools.reward()
-                episode.tools.close()
-            except Exception as err:  # the user's environment: counted as a tool error, the reward left unset
-                episode.tool_errors += 1
-                log.warning("environment reward() or close() failed: %s: %s", type(err).__name__, err)
-        ended_by = episode.ended_by or "answer"
-        environment_tokens = len(episode.sampled) - sum(episode.sampled)
-        log_ = EpisodeLog(
-            turns=tuple(episode.turns), model_turns=episode.model_turns, tool_calls=episode.tool_calls,
-            tool_errors=episode.tool_errors, tool_timeouts=episode.tool_timeouts, tool_s=episode.tool_s,
-            environment_tokens=environment_tokens, ended_by=ended_by, environment_reward=reward, answer=episode.answer,
-        )
-        # prompt_tokens: what the engine read for this episode, every turn's history included (a cost, and the base
-        # of the prefix cache's share)
-        telemetry = RequestTelemetry(prompt_tokens=episode.fed_tokens, generated_tokens=sum(episode.sampled),
-                                     cached_prompt_tokens=episode.cached_tokens)
-        return Completion(
-            token_ids=tuple(episode.tokens), logprobs=tuple(episode.logprobs), text=episode.answer,
-            finish_reason="length" if log_.hit_limit else episode.last_finish,
-            policy_version=episode.first_version or 0, telemetry=telemetry, version_switches=tuple(episode.switches),
-            sampled_by_model=tuple(episode.sampled), episode=log_,
-        )
 
     def _decode(self, token_ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)

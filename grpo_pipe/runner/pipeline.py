@@ -19,8 +19,10 @@ from grpo_pipe.checkpoint.store import Checkpoint, CorruptCheckpointError
 from grpo_pipe.config.errors import InputError
 from grpo_pipe.interfaces import Tracker
 from grpo_pipe.runner.components import PLAIN_KEYS, VALIDATED_GROUPS, Components, build
+from grpo_pipe.runner.data_checks import check_data_and_reward
 from grpo_pipe.runner.progress import format_metrics
-from grpo_pipe.runner.recipe import GRPORecipe, RunResult, check_data_and_reward
+from grpo_pipe.runner.recipe import GRPORecipe
+from grpo_pipe.runner.run_result import RunResult
 from grpo_pipe.runtime.stopping import StopRequest
 from grpo_pipe.types import Ledger, TrackedRun
 

@@ -3,76 +3,47 @@
     setup -> (restore) -> evaluate -> train: train_step x N (with evaluations, checkpoints) -> cleanup
 
 `train_step` is the algorithm; the step's bookkeeping lives in `StepRecorder`, held-out evaluation,
-best-so-far and early stopping in `HeldOutEvaluation`, the bridge contract in `bridges.contract`.
+best-so-far and early stopping in `HeldOutEvaluation`, the bridge contract in `bridges.contract`. What the
+loaded data must pass before the recipe starts is `runner.data_checks`; what a run hands back, `runner.run_result`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from grpo_pipe.bridges.contract import push_weights, sync_due
 from grpo_pipe.checkpoint.store import Checkpoint
-from grpo_pipe.config.errors import InputError
-from grpo_pipe.data.rows import bad_rows_problem
 from grpo_pipe.environments.transcripts import write_episode_page
 from grpo_pipe.evaluation.by_group import in_turn
 from grpo_pipe.evaluation.held_out import fit_held_out
 from grpo_pipe.evaluation.schedule import HeldOutEvaluation
 from grpo_pipe.interfaces import (
-    ChecksTasks,
     HasSourceFiles,
     ProvidesRollouts,
     ReportsEvaluations,
     RolloutSource,
     ShardedState,
-    TriesOnTasks,
 )
 from grpo_pipe.models.custom_code import loader_options
 from grpo_pipe.rollout.errors import EngineGaveUp, EngineLost
 from grpo_pipe.rollout.ledger import ledger_metrics
 from grpo_pipe.runner.components import Components
+from grpo_pipe.runner.data_checks import data_fingerprint
 from grpo_pipe.runner.progress import StepProgress, format_metrics
+from grpo_pipe.runner.run_result import RunResult
 from grpo_pipe.runner.step_recorder import MismatchWatch, StepRecorder
 from grpo_pipe.runtime.halt import halt_point
 from grpo_pipe.runtime.stopping import GenerationInterrupted, StopRequest
 from grpo_pipe.trainer.errors import TrainerLost
-from grpo_pipe.types import Ledger, RolloutGroup, SamplingSettings, SyncStats, TakenBatch, Task
+from grpo_pipe.types import RolloutGroup, SamplingSettings, SyncStats, TakenBatch
 
 log = logging.getLogger(__name__)
 
 # Early stopping and the time budget end a run normally (final evaluation, FINISHED); a signal does not.
 NORMAL_ENDS = ("early_stopping", "time_budget")
-
-
-@dataclass(frozen=True, kw_only=True)
-class RunResult:
-    """What a finished (or stopped) run hands back to its caller.
-
-    Args:
-        run_id: The tracked run's id; None where the tracker keeps no runs.
-        rewards: The mean reward of each step.
-        final_eval: The metrics of the held-out evaluation at the end.
-        ledger: Where every generated group went: trained, dropped, or in flight at the end.
-        summary: The end-of-run metrics (eval, reward quarters, overlap, loop time).
-        stopped_by: The signal that stopped the run early (a checkpoint was written); None: it ran to the end.
-        objective: `run.objective` at the end (NaN when the run did not log it): for a sweeper.
-        resume_dir: What `resume=` takes to continue this run: the folder holding its checkpoints.
-    """
-
-    run_id: str | None
-    rewards: list[float]
-    final_eval: dict[str, float]
-    ledger: Ledger
-    summary: dict[str, float]
-    stopped_by: str | None = None
-    objective: float = float("nan")
-    resume_dir: Path | None = None
 
 
 class GRPORecipe:
@@ -374,35 +345,6 @@ class GRPORecipe:
     def _export_policy(self, folder: Path) -> None:
         self.parts.trainer.policy.save_pretrained(folder)
         self.parts.model.copy_tokenizer(folder)
-
-
-def check_data_and_reward(parts: Components, train: Sequence[Task], held_out: Sequence[Task]) -> None:
-    """What only the loaded data can tell: too many broken rows, a held-out split smaller than asked for, a user's
-    reward function that fails on real rows (tried on four, with a placeholder completion), and train tasks a
-    curriculum cannot place."""
-    problems = [] if train else ["data: the train split is empty (check data.* settings and the skipped-row warnings)"]
-    bad = bad_rows_problem(list(parts.data.skipped), len(train) + len(held_out), parts.data.max_bad_fraction)
-    if bad:
-        problems.append(bad)
-    if isinstance(parts.reward, TriesOnTasks):
-        problems += [f"reward.{problem}" for problem in parts.reward.try_on(train[:4])]
-    if isinstance(parts.curriculum, ChecksTasks):
-        problems += [f"curriculum.{problem}" for problem in parts.curriculum.task_problems(train)]
-    if problems:
-        raise InputError(problems)
-    if len(held_out) < parts.run.eval_size:
-        log.warning("The held-out split has %d tasks, fewer than run.eval_size=%d: evaluations use %d",
-                    len(held_out), parts.run.eval_size, len(held_out))
-
-
-def data_fingerprint(train: Sequence[Task], held_out: Sequence[Task]) -> dict[str, str]:
-    """Rows and a sha256 of the tasks as the job saw them (uid, prompt, answer), so two runs can be told to have
-    trained on the same data even when the file behind a path changed."""
-    digest = hashlib.sha256()
-    for task in (*train, *held_out):
-        digest.update(json.dumps([task.uid, task.question, task.answer, task.messages], default=str).encode())
-    return {"data_fingerprint.train_rows": str(len(train)), "data_fingerprint.eval_rows": str(len(held_out)),
-            "data_fingerprint.sha256": digest.hexdigest()}
 
 
 def _uids(groups: Sequence[RolloutGroup]) -> list[str]:

@@ -105,7 +105,7 @@ def test_an_unwritable_mlflow_store_is_named_before_anything_loads(tmp_path) -> 
 def test_an_empty_train_split_is_named_with_the_other_data_problems(compose_cfg) -> None:
     from grpo_pipe.config.errors import ConfigError
     from grpo_pipe.runner.components import build
-    from grpo_pipe.runner.recipe import check_data_and_reward
+    from grpo_pipe.runner.data_checks import check_data_and_reward
 
     parts = build(compose_cfg([]))
     with pytest.raises(ConfigError, match="data: the train split is empty"):

@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from grpo_pipe.environments.atropos_api import AtroposApi, AtroposServer, EnvironmentProcesses, NoBatch, Registration
+from grpo_pipe.environments.atropos_api import AtroposApi, NoBatch, Registration
+from grpo_pipe.environments.atropos_processes import AtroposServer, EnvironmentProcesses
 from grpo_pipe.environments.scored_groups import Limits, read_scored_group
 from grpo_pipe.serving.served_log import ServedLog
 from grpo_pipe.types import Completion, RequestTelemetry

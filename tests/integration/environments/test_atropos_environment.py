@@ -14,7 +14,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from grpo_pipe.environments.atropos_api import AtroposApi, AtroposServer, EnvironmentEvaluations, NoBatch, Registration
+from grpo_pipe.environments.atropos_api import AtroposApi, NoBatch, Registration
+from grpo_pipe.environments.atropos_processes import AtroposServer, EnvironmentEvaluations
 from grpo_pipe.environments.scored_groups import Limits, read_scored_group
 from grpo_pipe.models.tiny_random import TinyRandomModel
 from grpo_pipe.serving.endpoint import EngineEndpoint

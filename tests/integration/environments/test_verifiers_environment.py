@@ -17,7 +17,8 @@ from typing import Any
 import psutil
 import pytest
 
-from grpo_pipe.environments.atropos_api import AtroposApi, AtroposServer, EnvironmentProcesses, NoBatch, Registration
+from grpo_pipe.environments.atropos_api import AtroposApi, NoBatch, Registration
+from grpo_pipe.environments.atropos_processes import AtroposServer, EnvironmentProcesses
 from grpo_pipe.environments.scored_groups import Limits, RefusedGroup, ScoredGroup, read_scored_group
 from grpo_pipe.environments.verifiers import VENV_PYTHON, WORKER, VerifiersWorkers
 from grpo_pipe.models.tiny_random import TinyRandomModel

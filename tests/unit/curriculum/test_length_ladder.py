@@ -7,7 +7,7 @@ import pytest
 from grpo_pipe.config.errors import InputError
 from grpo_pipe.curriculum.length_ladder import LengthLadderCurriculum
 from grpo_pipe.data.arithmetic import ArithmeticTasks
-from grpo_pipe.runner.recipe import check_data_and_reward
+from grpo_pipe.runner.data_checks import check_data_and_reward
 from tests.fakes import fake_components
 
 TASKS = ArithmeticTasks(terms=[2, 4], train_size=60, seed=0).train_tasks()  # operations 1, 2 and 3, 20 of each

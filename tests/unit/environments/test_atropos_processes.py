@@ -8,7 +8,7 @@ import logging
 import os
 from pathlib import Path
 
-from grpo_pipe.environments.atropos_api import EnvironmentEvaluations, EnvironmentProcesses
+from grpo_pipe.environments.atropos_processes import EnvironmentEvaluations, EnvironmentProcesses
 
 
 def _write(folder: Path, metrics: dict, stamp_ns: int, samples: bool = False) -> None:
