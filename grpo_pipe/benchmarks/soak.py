@@ -8,7 +8,8 @@ run (the job and everything below it): resident memory (RSS, summed, and the job
 descriptors, threads, processes; GPU memory of those processes where `nvidia-smi` exists; and the sizes on disk of
 the MLflow store, the artifacts, the run folder (checkpoints, reports) and the tracker's outbox journal (written
 only while the tracking store does not answer; the outbox's queue in memory shows in the job's RSS). Step times come
-from the run's own `time/step_s` metric. For each figure it prints its level after warm-up, the least-squares slope
+from the run's own `time/step_s` metric. For each figure it prints its level after warm-up (counted from the first
+step's start), the least-squares slope
 per hour with its 95% interval, and a verdict:
 
 - `flat`: the whole interval lies within +-1% of the level per hour (the issue's bar for RSS);
@@ -167,12 +168,18 @@ def step_times(folder: Path) -> list[tuple[float, float]]:
 def report(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, float]], started: float,
            warmup_s: float) -> list[Trend]:
     """A trend per figure over the samples after warm-up and up to the last step (the final evaluation and the
-    shutdown are not the steady state)."""
+    shutdown are not the steady state).
+
+    Warm-up counts from the first step's start, not from `started`: loading the engine and compiling take one minute
+    on an idle card and four beside other jobs, and a fixed offset from the launch would fit that start-up's rise of
+    GPU memory as a slope. Without steps (none logged), it counts from `started`.
+    """
     end = max((t for t, _ in steps), default=math.inf)
-    kept = [r for r in rows if r["t"] - started >= warmup_s and r["t"] <= end]
+    origin = min((t - seconds for t, seconds in steps), default=started)
+    kept = [r for r in rows if r["t"] - origin >= warmup_s and r["t"] <= end]
     figures = [k for k in rows[0] if k != "t"] if rows else []
     trends = [trend(name, [(r["t"] - started) / 3600 for r in kept], [r[name] for r in kept]) for name in figures]
-    late = [(t, s) for t, s in steps if t - started >= warmup_s]
+    late = [(t, s) for t, s in steps if t - origin >= warmup_s]
     trends.append(trend("step_s", [(t - started) / 3600 for t, _ in late], [s for _, s in late]))
     for name in [n for n in ("rss_mib", "job_rss_mib") if n in figures]:
         for kind, pick in (("step_peak", max), ("step_low", min)):
@@ -204,7 +211,8 @@ def per_step(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, floa
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, required=True, help="how long the job trains (run.max_minutes)")
-    parser.add_argument("--warmup-minutes", type=float, default=5.0, help="samples before this are left out")
+    parser.add_argument("--warmup-minutes", type=float, default=5.0,
+                        help="samples in this many minutes after the first step starts are left out")
     parser.add_argument("--every", type=float, default=10.0, help="seconds between samples")
     parser.add_argument("--out", type=Path, required=True, help="the run's folder: run, MLflow store, samples")
     parser.add_argument("overrides", nargs="*", help="the job's config overrides")

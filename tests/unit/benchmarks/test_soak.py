@@ -40,6 +40,16 @@ def test_the_report_leaves_out_warm_up_and_what_follows_the_last_step() -> None:
     assert trends["step_s"].samples == 46 and trends["step_s"].verdict == "flat"
 
 
+def test_warm_up_counts_from_the_first_step_so_a_slow_start_up_is_not_fitted_as_growth() -> None:
+    # Start-up (engine load, compile) takes 4 minutes, GPU memory rising through it; then 30 steps a minute, flat.
+    rows = [{"t": 60.0 * i, "gpu_mib": 1000.0 * min(i, 4) + 80000.0 + WIGGLE[i]} for i in range(40)]
+    steps = [(240.0 + 60.0 * k, 60.0) for k in range(1, 36)]  # the first step starts at minute 4, the last ends at 39
+    trends = {t.figure: t for t in report(rows, steps, started=0.0, warmup_s=120.0)}
+    assert trends["gpu_mib"].samples == 34 and trends["gpu_mib"].verdict == "flat"  # minutes 6 to 39
+    from_launch = {t.figure: t for t in report(rows, [], started=0.0, warmup_s=120.0)}
+    assert from_launch["gpu_mib"].samples == 38 and from_launch["gpu_mib"].slope_per_h > 0  # the start-up's rise
+
+
 def _swinging_job(peak_per_h: float) -> tuple[list[dict[str, float]], list[tuple[float, float]]]:
     """Two hours of 60-s steps sampled every 5 s; RSS swings 5-8 GiB within each step (generation, then the update),
     its peak rising by `peak_per_h` MiB an hour."""
