@@ -9,8 +9,7 @@ descriptors, threads, processes; GPU memory of those processes where `nvidia-smi
 the MLflow store, the artifacts, the run folder (checkpoints, reports) and the tracker's outbox journal (written
 only while the tracking store does not answer; the outbox's queue in memory shows in the job's RSS). Step times come
 from the run's own `time/step_s` metric. For each figure it prints its level after warm-up (counted from the first
-step's start), the least-squares slope
-per hour with its 95% interval, and a verdict:
+step's start), the least-squares slope per hour with its 95% interval, and a verdict:
 
 - `flat`: the whole interval lies within +-1% of the level per hour (the issue's bar for RSS);
 - `grows` / `shrinks`: the interval lies wholly above / below zero and the slope passes 1% of the level per hour;
@@ -19,11 +18,11 @@ per hour with its 95% interval, and a verdict:
 RSS is also taken once per step, at its peak and at its low within the step (`rss_mib_step_peak`, `..._step_low`): a
 job's RSS swings by gigabytes within a step, which widens the interval of a fit to raw samples; the peak of every
 step is taken at the same phase, so growth from one step to the next shows. `--report-only` reports again on a folder
-already written (its `samples.jsonl` and MLflow store), e.g. with another warm-up.
+already written (its `samples.jsonl`, and `steps.jsonl` or the MLflow store), e.g. with another warm-up.
 
 Sizes on disk that grow with the run by design (the MLflow store: one row per metric and step) are reported the same
 way: their slope is the rate a user must plan space for, not a leak. Writes `samples.jsonl` and `report.json` under
-`--out`.
+`--out`, and the step times as `steps.jsonl`, so that `--report-only` needs neither the job nor its MLflow store.
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ from grpo_pipe.benchmarks.job_processes import Job, kill_left, start_job, still_
 
 FLAT_PER_HOUR = 0.01  # a figure whose slope stays within 1% of its level per hour is flat
 PENDING_JOURNAL = "mlflow_pending.jsonl"
+STEPS_FILE = "steps.jsonl"  # (end time, seconds) of every step, written when the job has ended
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -165,6 +165,15 @@ def step_times(folder: Path) -> list[tuple[float, float]]:
     return [(m.timestamp / 1000.0, m.value) for m in client.get_metric_history(runs[0].info.run_id, "time/step_s")]
 
 
+def recorded_step_times(folder: Path) -> list[tuple[float, float]]:
+    """The step times a finished soak wrote (`steps.jsonl`), else those in its MLflow store: a folder brought back from
+    another machine without its store still reports step time."""
+    saved = folder / STEPS_FILE
+    if saved.is_file():
+        return [(t, s) for t, s in (json.loads(line) for line in saved.read_text().splitlines() if line.strip())]
+    return step_times(folder)
+
+
 def report(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, float]], started: float,
            warmup_s: float) -> list[Trend]:
     """A trend per figure over the samples after warm-up and up to the last step (the final evaluation and the
@@ -217,12 +226,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="the run's folder: run, MLflow store, samples")
     parser.add_argument("overrides", nargs="*", help="the job's config overrides")
     parser.add_argument("--report-only", action="store_true",
-                        help="run nothing: report again on the samples and the MLflow store already under --out")
+                        help="run nothing: report again on the samples and step times already under --out")
     args = parser.parse_args(argv)
     folder = args.out.resolve()
     if args.report_only:
         rows = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()]
-        _print(report(rows, step_times(folder), rows[0]["t"], 60.0 * args.warmup_minutes))
+        _print(report(rows, recorded_step_times(folder), rows[0]["t"], 60.0 * args.warmup_minutes))
         return 0
     folder.mkdir(parents=True, exist_ok=True)
     overrides = [*args.overrides, f"run.max_minutes={args.minutes}", f"hydra.run.dir={folder / 'run'}",
@@ -240,7 +249,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             time.sleep(args.every)
     left = still_alive(seen)
     kill_left(seen)
-    trends = report(rows, step_times(folder), started, 60.0 * args.warmup_minutes)
+    steps = step_times(folder)
+    (folder / STEPS_FILE).write_text("".join(json.dumps([t, seconds]) + "\n" for t, seconds in steps))
+    trends = report(rows, steps, started, 60.0 * args.warmup_minutes)
     result = {"returncode": job.proc.returncode, "minutes": (time.time() - started) / 60, "samples": len(rows),
               "left_alive": left, "trends": [{**asdict(t), "percent_per_h": t.percent_per_h} for t in trends]}
     (folder / "report.json").write_text(json.dumps(result, indent=1))

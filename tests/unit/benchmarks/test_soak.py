@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
-from grpo_pipe.benchmarks.soak import report, trend
+from grpo_pipe.benchmarks.soak import main, report, trend
 
 HOURS = [i / 60 for i in range(60)]  # a sample a minute for an hour
 WIGGLE = [(-1) ** i * 0.5 for i in range(60)]  # +-0.5 around the level
@@ -65,3 +67,14 @@ def test_a_step_peak_shows_what_the_swing_within_a_step_hides() -> None:
     growing = {t.figure: t for t in report(*_swinging_job(160.0), started=0.0, warmup_s=600.0)}  # 2% of 8 GiB an hour
     assert growing["rss_mib_step_peak"].verdict == "grows"
     assert growing["rss_mib_step_peak"].slope_per_h == pytest.approx(160.0, rel=0.05)
+
+
+def test_report_only_reads_the_saved_step_times_without_an_mlflow_store(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows, steps = _swinging_job(0.0)
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "steps.jsonl").write_text("".join(json.dumps(list(s)) + "\n" for s in steps))
+    assert main(["--minutes", "120", "--warmup-minutes", "10", "--out", str(tmp_path), "--report-only"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
+    assert lines["step_s"].split()[1] == "110" and lines["step_s"].endswith("flat")  # 120 steps less 10 minutes
+    assert lines["rss_mib_step_peak"].endswith("flat") and not (tmp_path / "mlflow.db").exists()
