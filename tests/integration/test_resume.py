@@ -68,18 +68,32 @@ def reference(tmp_path_factory, mlflow_store_template) -> tuple[Path, Path]:
     return run_dir, store
 
 
-@pytest.mark.parametrize("kill_after", [2])  # mid-run: steps before and after it
-def test_kill_9_then_resume_ends_exactly_like_an_uninterrupted_run(reference, tmp_path, kill_after: int) -> None:
+def test_kill_9_then_the_printed_command_alone_ends_exactly_like_an_uninterrupted_run(reference, tmp_path) -> None:
+    """SIGKILL mid-run (step 2's checkpoint written), then exactly the command the job's log printed with its
+    checkpoint (no overrides re-typed), run from another folder: the checkpoint's job continues with its own config
+    and ends exactly where the uninterrupted reference does. (The printed command alone once had a job of its own.)"""
     ref_dir, ref_store = reference
-    store, run_dir = tmp_path / "mlflow.db", tmp_path / "run"
-    proc = subprocess.Popen(_command(run_dir, store), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        _wait_for(run_dir / "checkpoints" / f"step-{kill_after:06d}", proc)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    store, run_dir, console = tmp_path / "mlflow.db", tmp_path / "run", tmp_path / "console.txt"
+    env = {**os.environ, "COLUMNS": "1000"}  # one log record per line, so the printed command is not wrapped
+    # The console goes to a file, not a pipe: each line is 1000 columns, and a job that logged more than the pipe
+    # holds before its second checkpoint would block on the write and never reach it.
+    with console.open("w") as sink:
+        proc = subprocess.Popen(_command(run_dir, store), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, env=env)
+        try:
+            _wait_for(run_dir / "checkpoints" / "step-000002", proc)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
     assert not (run_dir / "checkpoints" / f"step-{STEPS:06d}").exists()
-    _run(_command(tmp_path / "resumed", store, f"resume={run_dir}"))
+    out = console.read_text()
+    printed = re.search(r"continue with: python -m grpo_pipe (resume=\S+)", out)
+    assert printed, out[-3000:]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run([sys.executable, "-m", "grpo_pipe", printed.group(1)], cwd=elsewhere, capture_output=True,
+                          text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert (run_dir / "checkpoints" / f"step-{STEPS:06d}").exists()
 
     reference_weights, resumed_weights = _final_weights(ref_dir), _final_weights(run_dir)
     assert reference_weights.keys() == resumed_weights.keys()
@@ -132,30 +146,3 @@ def test_resuming_a_finished_run_says_so_and_touches_nothing(reference, compose_
     assert result.final_eval == {} and len(result.rewards) == STEPS and result.resume_dir == ref_dir
     assert any("the run finished" in r.getMessage() and "nothing to continue" in r.getMessage() for r in caplog.records)
     assert {key: _metric(ref_store, ref_dir, key) for key in before} == before  # no evaluation, no metric logged again
-
-
-def test_the_printed_continue_command_alone_resumes_the_same_job(tmp_path) -> None:
-    """SIGTERM, then exactly the command the log prints (no overrides re-typed), run from another folder: the
-    checkpoint's job continues with its own config and ends at the last step."""
-    store, run_dir, console = tmp_path / "mlflow.db", tmp_path / "run", tmp_path / "console.txt"
-    env = {**os.environ, "COLUMNS": "1000"}  # one log record per line, so the printed command is not wrapped
-    # The console goes to a file, not a pipe read only at the end: each line is 1000 columns, and a job that
-    # logged more than the pipe holds before its second checkpoint would block on the write and never reach it.
-    with console.open("w") as sink:
-        proc = subprocess.Popen(_command(run_dir, store), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, env=env)
-        try:
-            _wait_for(run_dir / "checkpoints" / "step-000002", proc)
-        finally:
-            proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=300)
-    out = console.read_text()
-    printed = re.search(r"continue with: python -m grpo_pipe (resume=\S+)", out)
-    assert printed, out[-3000:]
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    done = subprocess.run([sys.executable, "-m", "grpo_pipe", printed.group(1)], cwd=elsewhere, capture_output=True,
-                          text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert (run_dir / "checkpoints" / f"step-{STEPS:06d}").exists()
-    history, status = _metric(store, run_dir, "policy/version")
-    assert [s for s, _ in history] == list(range(1, STEPS + 1)) and status == "FINISHED"
