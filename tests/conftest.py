@@ -22,6 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from grpo_pipe.config.sources import CONF_DIR, SWEEPS_DIR
+from tests.work_order import longest_first
 
 try:  # pytest 9's structured node ids; an older pytest reads the @group suffix xdist writes without help
     from _pytest.nodeid import NodeId
@@ -70,9 +71,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.xdist_group(module.as_posix()))
     if getattr(config.option, "loadgroup", False):
         _suffix_xdist_groups(items)
-        # The Ray group is the longest unit of work (minutes of whole jobs on one worker): handed out first, it runs
-        # beside the rest instead of being the tail of the suite. Otherwise the collection order stays.
-        items.sort(key=lambda item: not any(m.args[:1] == ("ray",) for m in item.iter_markers("xdist_group")))
+        # The longest units of work first (the Ray group, the jobs killed and resumed), so that none starts last and
+        # runs alone at the end: tests/work_order.py.
+        items[:] = longest_first(items)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist would reorder the units by how many tests each holds; the order above is by their seconds.
+    if getattr(config.option, "dist", "no") == "loadgroup":
+        config.option.loadscopereorder = False
 
 
 def _uses_a_fixture_of_its_module(item: pytest.Item) -> bool:
