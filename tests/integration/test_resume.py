@@ -69,22 +69,30 @@ def reference(tmp_path_factory, mlflow_store_template) -> tuple[Path, Path]:
 
 
 def test_kill_9_then_the_printed_command_alone_ends_exactly_like_an_uninterrupted_run(reference, tmp_path) -> None:
-    """SIGKILL mid-run (step 2's checkpoint written), then exactly the command the job's log printed with its
-    checkpoint (no overrides re-typed), run from another folder: the checkpoint's job continues with its own config
-    and ends exactly where the uninterrupted reference does. (The printed command alone once had a job of its own.)"""
+    """SIGKILL mid-run (held at step 3's generation, step 2's checkpoint written: no timing window), then exactly the
+    command the job's log printed with its checkpoint (no overrides re-typed), run from another folder: the
+    checkpoint's job continues with its own config and ends exactly where the uninterrupted reference does. (The
+    printed command alone once had a job of its own.)
+
+    The kill is held at a point, not sent once a checkpoint appears: where the resume starts must not depend on how
+    fast the job ran past the checkpoint. The inference-aware reward reads the engine's telemetry (prefix-cache hits
+    among it), and a fresh engine starts with an empty cache: a job resumed from step 4 instead logged another
+    train/reward/mean at step 5 than the reference, with equal weights."""
     ref_dir, ref_store = reference
     store, run_dir, console = tmp_path / "mlflow.db", tmp_path / "run", tmp_path / "console.txt"
     env = {**os.environ, "COLUMNS": "1000"}  # one log record per line, so the printed command is not wrapped
+    halted = tmp_path / "halted"
     # The console goes to a file, not a pipe: each line is 1000 columns, and a job that logged more than the pipe
     # holds before its second checkpoint would block on the write and never reach it.
     with console.open("w") as sink:
-        proc = subprocess.Popen(_command(run_dir, store), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(_command(run_dir, store), cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
+                                env={**env, "GRPO_PIPE_HALT_AT": "generation@3", "GRPO_PIPE_HALT_MARKER": str(halted)})
         try:
-            _wait_for(run_dir / "checkpoints" / "step-000002", proc)
+            _wait_for(halted, proc)
         finally:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-    assert not (run_dir / "checkpoints" / f"step-{STEPS:06d}").exists()
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step-*"))[-1] == "step-000002"
     out = console.read_text()
     printed = re.search(r"continue with: python -m grpo_pipe (resume=\S+)", out)
     assert printed, out[-3000:]
