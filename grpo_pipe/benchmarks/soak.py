@@ -46,6 +46,7 @@ from grpo_pipe.benchmarks.job_processes import Job, kill_left, start_job, still_
 FLAT_PER_HOUR = 0.01  # a figure whose slope stays within 1% of its level per hour is flat
 PENDING_JOURNAL = "mlflow_pending.jsonl"
 STEPS_FILE = "steps.jsonl"  # (end time, seconds) of every step, written when the job has ended
+SAMPLES_PER_STEP = 3  # a step's peak and low need this many samples inside it; one sample is neither
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -193,7 +194,8 @@ def report(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, float]
     for name in [n for n in ("rss_mib", "job_rss_mib") if n in figures]:
         for kind, pick in (("step_peak", max), ("step_low", min)):
             points = per_step(kept, late, name, pick)
-            trends.append(trend(f"{name}_{kind}", [(t - started) / 3600 for t, _ in points], [v for _, v in points]))
+            if points:  # steps shorter than three sampling periods have no peak to fit (2-s GPU steps at --every 5)
+                trends.append(trend(f"{name}_{kind}", [(t - started) / 3600 for t, _ in points], [v for _, v in points]))
     return trends
 
 
@@ -201,7 +203,8 @@ def per_step(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, floa
              pick: Callable[[list[float]], float]) -> list[tuple[float, float]]:
     """One value of `name` per step (its highest or lowest sample between the step's start and end): a job's RSS
     swings by gigabytes within a step (generation, then the update), so a trend of raw samples has a wide interval,
-    where the peak of every step, taken at the same phase, shows growth from one step to the next.
+    where the peak of every step, taken at the same phase, shows growth from one step to the next. Only steps that
+    hold `SAMPLES_PER_STEP` samples count: with one sample a step, "peak" and "low" would both be that sample.
 
     Args:
         rows: The samples, each with its wall-clock time `t`.
@@ -212,7 +215,7 @@ def per_step(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, floa
     points = []
     for end, seconds in steps:
         inside = [r[name] for r in rows if end - seconds <= r["t"] <= end]
-        if inside:
+        if len(inside) >= SAMPLES_PER_STEP:
             points.append((end, pick(inside)))
     return points
 

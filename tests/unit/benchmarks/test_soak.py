@@ -78,3 +78,12 @@ def test_report_only_reads_the_saved_step_times_without_an_mlflow_store(
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()[1:]}
     assert lines["step_s"].split()[1] == "110" and lines["step_s"].endswith("flat")  # 120 steps less 10 minutes
     assert lines["rss_mib_step_peak"].endswith("flat") and not (tmp_path / "mlflow.db").exists()
+
+
+def test_steps_shorter_than_the_sampling_period_report_no_peak_or_low() -> None:
+    # 2-s steps sampled every 5 s (a small model on a GPU): a step holds one sample or none, so it has no peak.
+    rows = [{"t": 5.0 * i, "rss_mib": 5000.0 + WIGGLE[i % 60]} for i in range(720)]
+    steps = [(2.0 * k + 2.0, 2.0) for k in range(1800)]
+    trends = {t.figure: t for t in report(rows, steps, started=0.0, warmup_s=300.0)}
+    assert trends["rss_mib"].verdict == "flat"
+    assert "rss_mib_step_peak" not in trends and "rss_mib_step_low" not in trends
