@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from grpo_pipe.config.sources import CONF_DIR, SWEEPS_DIR
-from tests.work_order import longest_first
+from tests.work_order import group_of, longest_first
 
 try:  # pytest 9's structured node ids; an older pytest reads the @group suffix xdist writes without help
     from _pytest.nodeid import NodeId
@@ -103,10 +103,9 @@ def _suffix_xdist_groups(items: list[pytest.Item]) -> None:
     if NodeId is None:
         return
     for item in items:
-        groups = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-                         for mark in item.iter_markers("xdist_group")})
-        if groups and "@" not in item.nodeid.rsplit("]", 1)[-1]:
-            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(groups)}")
+        group = group_of(item)
+        if group and "@" not in item.nodeid.rsplit("]", 1)[-1]:
+            item._id = NodeId.parse(f"{item.nodeid}@{group}")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -54,10 +54,15 @@ SECONDS = {
 INTEGRATION_S, OTHER_S = 5.0, 0.2
 
 
-def unit_of(item: pytest.Item) -> str:
+def group_of(item: pytest.Item) -> str | None:
+    """The name xdist gives the item's `xdist_group` marks (joined, as `--dist loadgroup` does), or None."""
     groups = sorted({str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
                      for mark in item.iter_markers("xdist_group")})
-    return "_".join(groups) if groups else item.nodeid
+    return "_".join(groups) if groups else None
+
+
+def unit_of(item: pytest.Item) -> str:
+    return group_of(item) or item.nodeid
 
 
 def longest_first(items: Sequence[pytest.Item]) -> list[pytest.Item]:
