@@ -17,8 +17,10 @@ step's start), the least-squares slope per hour with its 95% interval, and a ver
 
 RSS is also taken once per step, at its peak and at its low within the step (`rss_mib_step_peak`, `..._step_low`): a
 job's RSS swings by gigabytes within a step, which widens the interval of a fit to raw samples; the peak of every
-step is taken at the same phase, so growth from one step to the next shows. `--report-only` reports again on a folder
-already written (its `samples.jsonl`, and `steps.jsonl` or the MLflow store), e.g. with another warm-up.
+step is taken at the same phase, so growth from one step to the next shows (steps that hold three samples or more:
+two-second steps sampled every five seconds have no peak). RSS and GPU memory are also fitted by the median of each
+two-minute window (`*_window_median`): short GPU steps and the odd sample taken while a batch is built or a checkpoint
+written make raw samples noisy, the medians are not. `--report-only` reports again on a folder already written (its `samples.jsonl`, and `steps.jsonl` or the MLflow store), e.g. with another warm-up.
 
 Sizes on disk that grow with the run by design (the MLflow store: one row per metric and step) are reported the same
 way: their slope is the rate a user must plan space for, not a leak. Writes `samples.jsonl` and `report.json` under
@@ -46,6 +48,7 @@ from grpo_pipe.benchmarks.job_processes import Job, kill_left, start_job, still_
 FLAT_PER_HOUR = 0.01  # a figure whose slope stays within 1% of its level per hour is flat
 PENDING_JOURNAL = "mlflow_pending.jsonl"
 STEPS_FILE = "steps.jsonl"  # (end time, seconds) of every step, written when the job has ended
+WINDOW_S = 120.0  # the level of a figure by windows of two minutes (`*_window_median`)
 SAMPLES_PER_STEP = 3  # a step's peak and low need this many samples inside it; one sample is neither
 
 
@@ -196,7 +199,24 @@ def report(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, float]
             points = per_step(kept, late, name, pick)
             if points:  # steps shorter than three sampling periods have no peak to fit (2-s GPU steps at --every 5)
                 trends.append(trend(f"{name}_{kind}", [(t - started) / 3600 for t, _ in points], [v for _, v in points]))
+    for name in [n for n in ("rss_mib", "job_rss_mib", "gpu_mib") if n in figures]:
+        medians = window_medians([(r["t"], r[name]) for r in kept], WINDOW_S)
+        trends.append(trend(f"{name}_window_median", [(t - started) / 3600 for t, _ in medians], [v for _, v in medians]))
     return trends
+
+
+def window_medians(points: Sequence[tuple[float, float]], window_s: float) -> list[tuple[float, float]]:
+    """(middle time, median value) of each full `window_s` of `points`, counted from the first. A sample taken while
+    a batch is built or a checkpoint written lies hundreds of MiB above the rest and widens a fit to raw samples;
+    a window's median passes over it, so the medians' slope says whether the level itself moves."""
+    if not points:
+        return []
+    first = points[0][0]
+    windows: dict[int, list[float]] = {}
+    for t, value in points:
+        windows.setdefault(int((t - first) // window_s), []).append(value)
+    last_full = int((points[-1][0] - first) // window_s) - 1  # the last window may hold a few seconds only
+    return [(first + (k + 0.5) * window_s, statistics.median(v)) for k, v in sorted(windows.items()) if k <= last_full]
 
 
 def per_step(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, float]], name: str,

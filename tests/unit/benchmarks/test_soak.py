@@ -87,3 +87,22 @@ def test_steps_shorter_than_the_sampling_period_report_no_peak_or_low() -> None:
     trends = {t.figure: t for t in report(rows, steps, started=0.0, warmup_s=300.0)}
     assert trends["rss_mib"].verdict == "flat"
     assert "rss_mib_step_peak" not in trends and "rss_mib_step_low" not in trends
+
+
+def test_window_medians_pass_over_single_spikes_that_leave_a_raw_fit_undecided() -> None:
+    # A flat 5 GiB sampled every 5 s for 30 minutes, one sample in thirty 600 MiB high (a batch being built).
+    rows = [{"t": 5.0 * i, "rss_mib": 5000.0 + (600.0 if i % 30 == 7 else 0.0) + WIGGLE[i % 60]} for i in range(360)]
+    steps = [(2.0 * k + 2.0, 2.0) for k in range(900)]
+    trends = {t.figure: t for t in report(rows, steps, started=0.0, warmup_s=0.0)}
+    assert trends["rss_mib"].verdict == "undecided"
+    assert trends["rss_mib_window_median"].verdict == "flat" and trends["rss_mib_window_median"].samples == 14
+    rising = [{**r, "rss_mib": r["rss_mib"] + 2.0 * r["t"] / 60} for r in rows]  # +120 MiB an hour, 2.4% of the level
+    assert {t.figure: t for t in report(rising, steps, started=0.0, warmup_s=0.0)}["rss_mib_window_median"].verdict == "grows"
+
+
+def test_window_medians_leave_out_the_last_partial_window() -> None:
+    from grpo_pipe.benchmarks.soak import window_medians
+
+    points = [(float(t), float(t)) for t in range(0, 250, 10)]  # 0..240 s: two full windows of 120 s, then one sample
+    assert window_medians(points, 120.0) == [(60.0, 55.0), (180.0, 175.0)]
+    assert window_medians([], 120.0) == []
