@@ -360,6 +360,7 @@ class VllmEngine:
             except Exception as err:  # already down: nothing left to free
                 log.debug("engine shutdown: %r", err)
             del engine
+            gc.unfreeze()  # what `connect` froze may be garbage now (another job of a sweep runs in this process)
             gc.collect()
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
