@@ -20,7 +20,8 @@ job's RSS swings by gigabytes within a step, which widens the interval of a fit 
 step is taken at the same phase, so growth from one step to the next shows (steps that hold three samples or more:
 two-second steps sampled every five seconds have no peak). RSS and GPU memory are also fitted by the median of each
 two-minute window (`*_window_median`): short GPU steps and the odd sample taken while a batch is built or a checkpoint
-written make raw samples noisy, the medians are not. `--report-only` reports again on a folder already written (its `samples.jsonl`, and `steps.jsonl` or the MLflow store), e.g. with another warm-up.
+written make raw samples noisy, the medians are not. `--report-only` reports again on a folder already written (its
+`samples.jsonl`, and `steps.jsonl` or the MLflow store), e.g. with another warm-up.
 
 Sizes on disk that grow with the run by design (the MLflow store: one row per metric and step) are reported the same
 way: their slope is the rate a user must plan space for, not a leak. Writes `samples.jsonl` and `report.json` under
