@@ -106,3 +106,74 @@ def test_window_medians_leave_out_the_last_partial_window() -> None:
     points = [(float(t), float(t)) for t in range(0, 250, 10)]  # 0..240 s: two full windows of 120 s, then one sample
     assert window_medians(points, 120.0) == [(60.0, 55.0), (180.0, 175.0)]
     assert window_medians([], 120.0) == []
+
+
+def test_window_medians_counted_from_a_given_start_share_their_windows() -> None:
+    from grpo_pipe.benchmarks.soak import window_medians
+
+    points = [(float(t), 1.0) for t in range(0, 380, 10)]  # the last at 370 s, inside a third window
+    assert [t for t, _ in window_medians(points, 120.0, first=30.0)] == [90.0, 210.0]  # 30-150, 150-270; 270-390 not full
+    assert window_medians(points, 120.0, first=30.0) == [(90.0, 1.0), (210.0, 1.0)]
+
+
+def test_a_rise_that_stops_is_flat_in_the_late_half_and_a_leak_is_not() -> None:
+    # 40 minutes sampled every 5 s: a warm-up that outlasts the 5-minute warm-up (80 MiB, time constant 6 minutes),
+    # and a leak of 2% of the level an hour.
+    rows = [{"t": 5.0 * i, "rss_mib": 4000.0 + 80.0 * (1 - math.exp(-5.0 * i / 360)) + WIGGLE[i % 60]}
+            for i in range(480)]
+    steps = [(2.0 * k + 2.0, 2.0) for k in range(1200)]
+    settling = {t.figure: t for t in report(rows, steps, started=0.0, warmup_s=300.0)}
+    assert settling["rss_mib"].verdict == "grows" and settling["rss_mib_late_half"].verdict == "flat"
+    leaking = [{**r, "rss_mib": 4000.0 + 80.0 * r["t"] / 3600 + WIGGLE[i % 60]} for i, r in enumerate(rows)]
+    leak = {t.figure: t for t in report(leaking, steps, started=0.0, warmup_s=300.0)}
+    assert leak["rss_mib_late_half"].verdict == "grows"
+    assert leak["rss_mib_late_half"].slope_per_h == pytest.approx(80.0, rel=0.1)
+
+
+def test_step_time_beside_the_host_probe_tells_a_busier_host_from_a_slower_job() -> None:
+    from grpo_pipe.benchmarks.soak import paired_windows, step_host_correlation
+
+    # An hour of 2-s steps; from minute 20 the host takes on other work: the probe doubles, the steps take 30% longer.
+    def busy(t: float) -> bool:
+        return t >= 1200.0
+
+    rows = [{"t": 5.0 * i, "rss_mib": 5000.0, "host_probe_ms": 10.0 * (2 if busy(5.0 * i) else 1) + WIGGLE[i % 60]}
+            for i in range(720)]
+    steps = [(2.0 * k + 2.0, 2.0 * (1.3 if busy(2.0 * k + 2.0) else 1.0)) for k in range(1800)]
+    found = {t.figure: t for t in report(rows, steps, started=0.0, warmup_s=300.0)}
+    assert found["step_s_window_median"].verdict == "grows" and found["host_probe_ms_window_median"].verdict == "grows"
+    assert step_host_correlation(paired_windows(rows, steps)) == pytest.approx(1.0, abs=0.02)
+    # The job itself slowing (4% an hour) on a steady host: the step time grows beside a flat probe.
+    slower = [(t, 2.0 * (1 + 0.04 * t / 3600) + 0.01 * WIGGLE[k % 60]) for k, (t, _) in enumerate(steps)]
+    steady = [{**r, "host_probe_ms": 10.0 + 0.3 * math.sin(1.7 * i)} for i, r in enumerate(rows)]  # jitter, no trend
+    drift = {t.figure: t for t in report(steady, slower, started=0.0, warmup_s=300.0)}
+    assert drift["step_s_window_median"].verdict == "grows"
+    assert drift["step_s_window_median"].percent_per_h == pytest.approx(4.0, rel=0.1)
+    assert drift["host_probe_ms_window_median"].verdict == "flat"
+    unrelated = step_host_correlation(paired_windows(steady, slower))
+    assert unrelated is not None and abs(unrelated) < 0.3
+
+
+def test_soaks_from_before_the_probe_report_step_windows_without_it() -> None:
+    from grpo_pipe.benchmarks.soak import paired_windows, step_host_correlation
+
+    rows = [{"t": 5.0 * i, "rss_mib": 5000.0} for i in range(360)]
+    steps = [(2.0 * k + 2.0, 2.0) for k in range(900)]
+    found = {t.figure: t for t in report(rows, steps, started=0.0, warmup_s=0.0)}
+    assert found["step_s_window_median"].samples == 14 and "host_probe_ms_window_median" not in found
+    assert step_host_correlation(paired_windows(rows, steps)) is None
+
+
+def test_the_host_probe_times_real_work() -> None:
+    from grpo_pipe.benchmarks.soak import host_probe_ms
+
+    assert 0.0 < host_probe_ms() < 10_000.0
+
+
+def test_gpu_figures_count_the_runs_processes_and_the_clock_of_their_cards_only() -> None:
+    from grpo_pipe.benchmarks.soak import gpu_figures
+
+    apps = "101, 80000, GPU-a\n102, 30000, GPU-a\n999, 50000, GPU-b\n"  # 999 is another user's job on card b
+    cards = "GPU-a, 1965\nGPU-b, 1200\nGPU-c, [N/A]\n"
+    assert gpu_figures(apps, cards, {101, 102}) == {"gpu_mib": 110000.0, "gpu_sm_mhz": 1965.0}
+    assert gpu_figures(apps, cards, {7}) == {"gpu_mib": 0.0}
