@@ -8,9 +8,9 @@ run (the job and everything below it): resident memory (RSS, summed, and the job
 descriptors, threads, processes; GPU memory of those processes and the lowest SM clock of their cards where
 `nvidia-smi` exists; and the sizes on disk of the MLflow store, the artifacts, the run folder (checkpoints, reports)
 and the tracker's outbox journal (written only while the tracking store does not answer; the outbox's queue in
-memory shows in the job's RSS). Step times come
-from the run's own `time/step_s` metric. For each figure it prints its level after warm-up (counted from the first
-step's start), the least-squares slope per hour with its 95% interval, and a verdict:
+memory shows in the job's RSS). Step times come from the run's own `time/step_s` metric. For each figure it prints
+its level after warm-up (counted from the first step's start), the least-squares slope per hour with its 95%
+interval, and a verdict:
 
 - `flat`: the whole interval lies within +-1% of the level per hour (the issue's bar for RSS);
 - `grows` / `shrinks`: the interval lies wholly above / below zero and the slope passes 1% of the level per hour;
@@ -224,6 +224,16 @@ def recorded_step_times(folder: Path) -> list[tuple[float, float]]:
     return step_times(folder)
 
 
+def after_warmup(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, float]], warmup_s: float,
+                 started: float) -> tuple[list[dict[str, float]], list[tuple[float, float]]]:
+    """The samples and steps that `report` fits: from `warmup_s` after the first step's start (after `started`
+    where no step was logged) up to the last step."""
+    end = max((t for t, _ in steps), default=math.inf)
+    origin = min((t - seconds for t, seconds in steps), default=started)
+    kept = [r for r in rows if r["t"] - origin >= warmup_s and r["t"] <= end]
+    return kept, [(t, s) for t, s in steps if t - origin >= warmup_s]
+
+
 def report(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, float]], started: float,
            warmup_s: float) -> list[Trend]:
     """A trend per figure over the samples after warm-up and up to the last step (the final evaluation and the
@@ -351,8 +361,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.report_only:
         rows = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()]
         steps = recorded_step_times(folder)
-        _print(report(rows, steps, rows[0]["t"], 60.0 * args.warmup_minutes))
-        _print_correlation(rows, steps, 60.0 * args.warmup_minutes, rows[0]["t"])
+        warmup_s = 60.0 * args.warmup_minutes
+        _print(report(rows, steps, rows[0]["t"], warmup_s))
+        _print_correlation(step_host_correlation(paired_windows(*after_warmup(rows, steps, warmup_s, rows[0]["t"]))))
         return 0
     folder.mkdir(parents=True, exist_ok=True)
     overrides = [*args.overrides, f"run.max_minutes={args.minutes}", f"hydra.run.dir={folder / 'run'}",
@@ -373,28 +384,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     steps = step_times(folder)
     (folder / STEPS_FILE).write_text("".join(json.dumps([t, seconds]) + "\n" for t, seconds in steps))
     trends = report(rows, steps, started, 60.0 * args.warmup_minutes)
+    correlation = step_host_correlation(paired_windows(*after_warmup(rows, steps, 60.0 * args.warmup_minutes, started)))
     result = {"returncode": job.proc.returncode, "minutes": (time.time() - started) / 60, "samples": len(rows),
-              "left_alive": left, "trends": [{**asdict(t), "percent_per_h": t.percent_per_h} for t in trends]}
+              "left_alive": left, "step_host_correlation": correlation,
+              "trends": [{**asdict(t), "percent_per_h": t.percent_per_h} for t in trends]}
     (folder / "report.json").write_text(json.dumps(result, indent=1))
     _print(trends)
-    _print_correlation(rows, steps, 60.0 * args.warmup_minutes, started)
+    _print_correlation(correlation)
     print(json.dumps({k: v for k, v in result.items() if k != "trends"}))
     return 0 if job.proc.returncode == 0 and not left else 1
 
 
-def after_warmup(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, float]], warmup_s: float,
-                 started: float) -> tuple[list[dict[str, float]], list[tuple[float, float]]]:
-    """The samples and steps that `report` fits: from `warmup_s` after the first step's start (after `started`
-    where no step was logged) up to the last step."""
-    end = max((t for t, _ in steps), default=math.inf)
-    origin = min((t - seconds for t, seconds in steps), default=started)
-    kept = [r for r in rows if r["t"] - origin >= warmup_s and r["t"] <= end]
-    return kept, [(t, s) for t, s in steps if t - origin >= warmup_s]
-
-
-def _print_correlation(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, float]], warmup_s: float,
-                       started: float) -> None:
-    r = step_host_correlation(paired_windows(*after_warmup(rows, steps, warmup_s, started)))
+def _print_correlation(r: float | None) -> None:
     if r is not None:
         print(f"step time against the host probe, by two-minute windows: r = {r:+.2f}")
 

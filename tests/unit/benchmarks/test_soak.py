@@ -177,3 +177,13 @@ def test_gpu_figures_count_the_runs_processes_and_the_clock_of_their_cards_only(
     cards = "GPU-a, 1965\nGPU-b, 1200\nGPU-c, [N/A]\n"
     assert gpu_figures(apps, cards, {101, 102}) == {"gpu_mib": 110000.0, "gpu_sm_mhz": 1965.0}
     assert gpu_figures(apps, cards, {7}) == {"gpu_mib": 0.0}
+
+
+def test_report_only_prints_how_step_time_moved_with_the_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # 30 minutes of 2-s steps; from minute 15 the host is busier (the probe doubles) and the steps take 30% longer.
+    rows = [{"t": 5.0 * i, "rss_mib": 5000.0, "host_probe_ms": 20.0 if i >= 180 else 10.0} for i in range(360)]
+    steps = [(2.0 * k + 2.0, 2.6 if 2.0 * k + 2.0 >= 900.0 else 2.0) for k in range(900)]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "steps.jsonl").write_text("".join(json.dumps(list(s)) + "\n" for s in steps))
+    assert main(["--minutes", "30", "--warmup-minutes", "0", "--out", str(tmp_path), "--report-only"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "step time against the host probe, by two-minute windows: r = +1.00"
