@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_pipe.benchmarks.soak import main, report, trend
+from grpo_pipe.benchmarks.soak import main
+from grpo_pipe.benchmarks.soak_fit import report, trend
 
 HOURS = [i / 60 for i in range(60)]  # a sample a minute for an hour
 WIGGLE = [(-1) ** i * 0.5 for i in range(60)]  # +-0.5 around the level
@@ -101,7 +102,7 @@ def test_window_medians_pass_over_single_spikes_that_leave_a_raw_fit_undecided()
 
 
 def test_window_medians_leave_out_the_last_partial_window() -> None:
-    from grpo_pipe.benchmarks.soak import window_medians
+    from grpo_pipe.benchmarks.soak_fit import window_medians
 
     points = [(float(t), float(t)) for t in range(0, 250, 10)]  # 0..240 s: two full windows of 120 s, then one sample
     assert window_medians(points, 120.0) == [(60.0, 55.0), (180.0, 175.0)]
@@ -109,7 +110,7 @@ def test_window_medians_leave_out_the_last_partial_window() -> None:
 
 
 def test_window_medians_counted_from_a_given_start_share_their_windows() -> None:
-    from grpo_pipe.benchmarks.soak import window_medians
+    from grpo_pipe.benchmarks.soak_fit import window_medians
 
     points = [(float(t), 1.0) for t in range(0, 380, 10)]  # the last at 370 s, inside a third window
     assert [t for t, _ in window_medians(points, 120.0, first=30.0)] == [90.0, 210.0]  # 30-150, 150-270; 270-390 not full
@@ -131,7 +132,7 @@ def test_a_rise_that_stops_is_flat_in_the_late_half_and_a_leak_is_not() -> None:
 
 
 def test_step_time_beside_the_host_probe_tells_a_busier_host_from_a_slower_job() -> None:
-    from grpo_pipe.benchmarks.soak import paired_windows, step_host_correlation
+    from grpo_pipe.benchmarks.soak_fit import paired_windows, step_host_correlation
 
     # An hour of 2-s steps; from minute 20 the host takes on other work: the probe doubles, the steps take 30% longer.
     def busy(t: float) -> bool:
@@ -155,7 +156,7 @@ def test_step_time_beside_the_host_probe_tells_a_busier_host_from_a_slower_job()
 
 
 def test_soaks_from_before_the_probe_report_step_windows_without_it() -> None:
-    from grpo_pipe.benchmarks.soak import paired_windows, step_host_correlation
+    from grpo_pipe.benchmarks.soak_fit import paired_windows, step_host_correlation
 
     rows = [{"t": 5.0 * i, "rss_mib": 5000.0} for i in range(360)]
     steps = [(2.0 * k + 2.0, 2.0) for k in range(900)]
