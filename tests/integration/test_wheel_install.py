@@ -22,7 +22,6 @@ from mlflow.tracking import MlflowClient
 
 from tests.conftest import REPO
 
-IGNORED = shutil.ignore_patterns(".git", ".venv", "outputs", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache")
 REWARDS = '''
 def exact(completions, answers, **metadata):
     return [1.0 if c.strip().endswith(a) else 0.0 for c, a in zip(completions, answers)]
@@ -46,7 +45,7 @@ def _run(args: list[str], cwd: Path, env: dict[str, str], timeout: int = 600) ->
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A fresh venv holding the wheel built from this checkout; returns its bin folder."""
     root = tmp_path_factory.mktemp("wheel")
-    shutil.copytree(REPO, root / "src", ignore=IGNORED)  # build from a copy: the checkout stays clean
+    _copy_the_checkout(root / "src")  # build from a copy: the checkout stays clean
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"),
           str(root / "src")], root, env)
@@ -54,6 +53,18 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     python = _fresh_venv(root / "venv", root, env)
     _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", str(wheel)], root, env)
     return root / "venv" / "bin"
+
+
+def _copy_the_checkout(dest: Path) -> None:
+    """The files git would commit (tracked, or new and not ignored): what a clean clone holds, without the
+    checkout's ignored build outputs and caches, which can be gigabytes."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            check=True, capture_output=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = REPO / name
+        if source.is_file():  # a tracked file deleted in the work tree is listed but absent
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
 
 
 def _fresh_venv(venv: Path, cwd: Path, env: dict[str, str]) -> Path:
@@ -101,7 +112,7 @@ def test_installed_command_finds_the_sweeps_and_the_users_own_conf(installed: Pa
 def test_an_editable_install_reads_the_configs_at_the_repository_root(tmp_path: Path, user_dir: Path) -> None:
     """`pip install -e .` (as .ci/setup.sh installs): the command reads conf/ and sweeps/ of the source tree."""
     src = tmp_path / "src"
-    shutil.copytree(REPO, src, ignore=IGNORED)
+    _copy_the_checkout(src)
     env = _env(tmp_path)
     python = _fresh_venv(tmp_path / "venv", tmp_path, env)
     _run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(src)], tmp_path, env)
