@@ -4,7 +4,9 @@
 
 The job is the command itself (`python -m grpo_pipe <overrides> run.max_minutes=<minutes>`: it ends normally when
 its time is up, with its final evaluation). Every `--every` seconds the driver samples, over every process of the
-run (the job and everything below it): resident memory (RSS, summed, and the job's own process), open file
+run (the job and everything below it): resident memory (RSS, summed; the job's own process; the others, such as the
+engine's core process; and the part of the sum that is file-backed or shared memory, so that a step in a library or
+kernel image loaded late reads apart from one in the heap), open file
 descriptors, threads, processes; GPU memory of those processes and the lowest SM clock of their cards where
 `nvidia-smi` exists; and the sizes on disk of the MLflow store, the artifacts, the run folder (checkpoints, reports)
 and the tracker's outbox journal (written only while the tracking store does not answer; the outbox's queue in
@@ -63,21 +65,23 @@ PROBE_LOOPS = 100_000  # the host probe's fixed work: ~10 ms of interpreter time
 
 def sample(job: Job, folder: Path) -> dict[str, float]:
     """One sample of every figure, now."""
-    rss = fds = threads = 0
+    rss = shared = fds = threads = 0
     own_rss = 0.0
     processes = job.processes()
     for process in processes:
         try:
             with process.oneshot():
-                memory = process.memory_info().rss
-                rss += memory
+                memory = process.memory_info()
+                rss += memory.rss
+                shared += getattr(memory, "shared", 0)  # Linux: file-backed and shared-memory pages
                 fds += process.num_fds()
                 threads += process.num_threads()
                 if process.pid == job.pid:
-                    own_rss = memory
+                    own_rss = memory.rss
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
-    row = {"t": time.time(), "rss_mib": rss / 2**20, "job_rss_mib": own_rss / 2**20, "open_fds": float(fds),
+    row = {"t": time.time(), "rss_mib": rss / 2**20, "job_rss_mib": own_rss / 2**20,
+           "others_rss_mib": (rss - own_rss) / 2**20, "rss_shared_mib": shared / 2**20, "open_fds": float(fds),
            "threads": float(threads), "processes": float(len(processes)),
            "mlflow_store_mib": _size(folder / "mlflow.db") / 2**20,
            "artifacts_mib": _size(folder / "artifacts") / 2**20,

@@ -12,6 +12,9 @@ from dataclasses import dataclass
 FLAT_PER_HOUR = 0.01  # a figure whose slope stays within 1% of its level per hour is flat
 WINDOW_S = 120.0  # the level of a figure by windows of two minutes (`*_window_median`)
 SAMPLES_PER_STEP = 3  # a step's peak and low need this many samples inside it; one sample is neither
+# Host memory figures fitted also by window medians and over the late half: the sum, the job's own process, the rest
+# (the engine's core process and workers: one of them stepped up 20 MiB once in three GPU soaks), the file-backed part.
+RSS_FIGURES = ("rss_mib", "job_rss_mib", "others_rss_mib", "rss_shared_mib")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,11 +106,11 @@ def report(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, float]
             points = per_step(kept, late, name, pick)
             if points:  # steps shorter than three sampling periods have no peak to fit (2-s GPU steps at --every 5)
                 trends.append(trend(f"{name}_{kind}", [(t - started) / 3600 for t, _ in points], [v for _, v in points]))
-    for name in [n for n in ("rss_mib", "job_rss_mib", "gpu_mib") if n in figures]:
+    for name in [n for n in (*RSS_FIGURES, "gpu_mib") if n in figures]:
         medians = window_medians([(r["t"], r[name]) for r in kept], WINDOW_S)
         trends.append(trend(f"{name}_window_median", [(t - started) / 3600 for t, _ in medians], [v for _, v in medians]))
     if kept:
-        trends.extend(_late_half(kept, [n for n in ("rss_mib", "job_rss_mib") if n in figures], started))
+        trends.extend(_late_half(kept, [n for n in RSS_FIGURES if n in figures], started))
     trends.extend(_step_windows(kept, late, started))
     return trends
 

@@ -188,3 +188,15 @@ def test_report_only_prints_how_step_time_moved_with_the_host(tmp_path: Path, ca
     (tmp_path / "steps.jsonl").write_text("".join(json.dumps(list(s)) + "\n" for s in steps))
     assert main(["--minutes", "30", "--warmup-minutes", "0", "--out", str(tmp_path), "--report-only"]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == "step time against the host probe, by two-minute windows: r = +1.00"
+
+
+def test_the_memory_of_the_other_processes_is_fitted_apart_from_the_jobs() -> None:
+    # Half an hour sampled every 10 s: the job's own process flat, the engine's process stepping up 20 MiB at minute 22.
+    rows = [{"t": 10.0 * i, "rss_mib": 5000.0 + (20.0 if i >= 132 else 0.0), "job_rss_mib": 2300.0,
+             "others_rss_mib": 2700.0 + (20.0 if i >= 132 else 0.0), "rss_shared_mib": 900.0} for i in range(180)]
+    steps = [(10.0 * k + 10.0, 10.0) for k in range(179)]
+    found = {t.figure: t for t in report(rows, steps, started=0.0, warmup_s=300.0)}
+    assert found["job_rss_mib_window_median"].verdict == "flat"
+    assert found["others_rss_mib_window_median"].verdict == "grows"
+    assert found["rss_shared_mib_late_half"].verdict == "flat"
+    assert found["others_rss_mib_late_half"].slope_per_h > 0
