@@ -1,12 +1,14 @@
 """`experiment=calculator_lengths` is what its header says: train lengths 2-4 sampled uniformly, held-out lengths 3-5,
-worked examples of two different call counts, each correct; `curriculum=length_ladder` is its contrast."""
+worked examples of two different call counts, each correct; `curriculum=length_ladder` is its contrast;
+`experiment=calculator_restated`'s examples are correct episodes that restate what is left before every later turn."""
 
 from hydra.utils import instantiate
 
+from grpo_pipe.benchmarks.call_decisions import correct_turns
 from grpo_pipe.config.validate import validate_config
 from grpo_pipe.curriculum.length_ladder import LengthLadderCurriculum
 from grpo_pipe.curriculum.uniform import UniformCurriculum
-from grpo_pipe.data.arithmetic import ArithmeticTasks, evaluate
+from grpo_pipe.data.arithmetic import ArithmeticTasks, evaluate, steps
 from grpo_pipe.runner.pipeline import PLAIN_KEYS, VALIDATED_GROUPS
 
 
@@ -47,3 +49,23 @@ def test_the_worked_examples_show_two_call_counts_one_operation_a_call_and_the_r
     assert len(set(calls)) == len(calls) == 2  # two examples, two different counts
     # No example has the four calls of a five-term task: that length measures following the task, not copying one.
     assert 4 not in calls
+
+
+def test_the_restated_examples_are_correct_episodes_that_restate_what_is_left_before_every_later_turn(compose_cfg) -> None:
+    cfg = compose_cfg(["experiment=calculator_restated"], tiny=False)
+    validate_config(cfg, VALIDATED_GROUPS, PLAIN_KEYS)
+    assert (instantiate(cfg.data, _convert_="all").train_lengths) == [3, 4]
+    examples: list[list[dict]] = []
+    for message in cfg.environment.demonstration:
+        if message["role"] == "user":
+            examples.append([])
+        examples[-1].append(dict(message))
+    for example in examples:
+        question = example[0]["content"]
+        expression = question.removeprefix("Calculate ").rstrip(".").split()
+        # As the call-decision benchmark plays a correct episode with the lead-in before calls and the answer alike.
+        scripted = correct_turns(question, "calculator", "Now {left}. ", restate_answer=True)
+        assert [m["content"] for m in example if m["role"] == "assistant"] == [t.text for t in scripted]
+        results = [m["content"] for m in example if m["role"] == "tool"]
+        assert results == [f"<tool_response>{v}</tool_response>" for v in steps([int(n) for n in expression[::2]],
+                                                                                expression[1::2])]

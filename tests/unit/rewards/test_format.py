@@ -5,9 +5,9 @@ from __future__ import annotations
 from grpo_pipe.rewards.format import answer_ends_the_reply, ends_with_marked_answer
 
 
-def test_an_answer_alone_on_the_last_line_ends_the_reply() -> None:
-    replies = ["#### 49", "Adding them up.\n#### -1,250.5\n", "#### 7  "]
-    assert answer_ends_the_reply(replies) == [1.0, 1.0, 1.0]
+def test_an_answer_at_the_end_of_the_reply_ends_it() -> None:
+    replies = ["#### 49", "Adding them up.\n#### -1,250.5\n", "#### 7  ", "Now 49. #### 49"]
+    assert answer_ends_the_reply(replies) == [1.0, 1.0, 1.0, 1.0]
 
 
 def test_text_after_the_number_or_no_number_does_not_end_the_reply() -> None:
