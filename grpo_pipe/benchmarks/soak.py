@@ -56,10 +56,19 @@ from pathlib import Path
 import psutil
 
 from grpo_pipe.benchmarks.job_processes import Job, kill_left, start_job, still_alive
-from grpo_pipe.benchmarks.soak_fit import Trend, after_warmup, paired_windows, report, step_host_correlation
+from grpo_pipe.benchmarks.soak_fit import (
+    StepUp,
+    Trend,
+    after_warmup,
+    paired_windows,
+    report,
+    step_host_correlation,
+    step_ups,
+)
 
 PENDING_JOURNAL = "mlflow_pending.jsonl"
 STEPS_FILE = "steps.jsonl"  # (end time, seconds) of every step, written when the job has ended
+STEP_FIGURES = ("job_rss_mib", "others_rss_mib", "rss_shared_mib")  # quiet enough by the minute to show a step
 PROBE_LOOPS = 100_000  # the host probe's fixed work: ~10 ms of interpreter time on an idle core
 
 
@@ -90,6 +99,13 @@ def sample(job: Job, folder: Path) -> dict[str, float]:
            "host_probe_ms": host_probe_ms()}
     row.update(_gpu_figures({p.pid for p in processes}))
     return row
+
+
+def _with_others(row: dict[str, float]) -> dict[str, float]:
+    """A sample of a soak from before `others_rss_mib` was sampled gets it from the sum and the job's own."""
+    if "others_rss_mib" in row or "job_rss_mib" not in row:
+        return row
+    return {**row, "others_rss_mib": row["rss_mib"] - row["job_rss_mib"]}
 
 
 def host_probe_ms() -> float:
@@ -177,11 +193,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     folder = args.out.resolve()
     if args.report_only:
-        rows = [json.loads(line) for line in (folder / "samples.jsonl").read_text().splitlines() if line.strip()]
-        steps = recorded_step_times(folder)
-        warmup_s = 60.0 * args.warmup_minutes
-        _print(report(rows, steps, rows[0]["t"], warmup_s))
-        _print_correlation(step_host_correlation(paired_windows(*after_warmup(rows, steps, warmup_s, rows[0]["t"]))))
+        rows = [_with_others(json.loads(line)) for line in (folder / "samples.jsonl").read_text().splitlines()
+                if line.strip()]
+        trends, correlation, ups = conclusions(rows, recorded_step_times(folder), rows[0]["t"], 60.0 * args.warmup_minutes)
+        _print(trends, correlation, ups)
         return 0
     folder.mkdir(parents=True, exist_ok=True)
     overrides = [*args.overrides, f"run.max_minutes={args.minutes}", f"hydra.run.dir={folder / 'run'}",
@@ -201,28 +216,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     kill_left(seen)
     steps = step_times(folder)
     (folder / STEPS_FILE).write_text("".join(json.dumps([t, seconds]) + "\n" for t, seconds in steps))
-    trends = report(rows, steps, started, 60.0 * args.warmup_minutes)
-    correlation = step_host_correlation(paired_windows(*after_warmup(rows, steps, 60.0 * args.warmup_minutes, started)))
+    trends, correlation, ups = conclusions(rows, steps, started, 60.0 * args.warmup_minutes)
     result = {"returncode": job.proc.returncode, "minutes": (time.time() - started) / 60, "samples": len(rows),
-              "left_alive": left, "step_host_correlation": correlation,
+              "left_alive": left, "step_host_correlation": correlation, "step_ups": [asdict(u) for u in ups],
               "trends": [{**asdict(t), "percent_per_h": t.percent_per_h} for t in trends]}
     (folder / "report.json").write_text(json.dumps(result, indent=1))
-    _print(trends)
-    _print_correlation(correlation)
+    _print(trends, correlation, ups)
     print(json.dumps({k: v for k, v in result.items() if k != "trends"}))
     return 0 if job.proc.returncode == 0 and not left else 1
 
 
-def _print_correlation(r: float | None) -> None:
-    if r is not None:
-        print(f"step time against the host probe, by two-minute windows: r = {r:+.2f}")
+def conclusions(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, float]], started: float,
+                warmup_s: float) -> tuple[list[Trend], float | None, list[StepUp]]:
+    """The trends, the correlation of step time with the host probe, and the memory step-ups after warm-up."""
+    kept, late = after_warmup(rows, steps, warmup_s, started)
+    ups = step_ups(kept, [n for n in STEP_FIGURES if rows and n in rows[0]], started)
+    return report(rows, steps, started, warmup_s), step_host_correlation(paired_windows(kept, late)), ups
 
 
-def _print(trends: Sequence[Trend]) -> None:
+def _print(trends: Sequence[Trend], correlation: float | None, ups: Sequence[StepUp]) -> None:
     print(f"{'figure':<22} {'n':>4} {'level':>10} {'slope/h':>10} {'95% interval/h':>24} {'%/h':>7}  verdict")
     for t in trends:
         print(f"{t.figure:<22} {t.samples:>4} {t.level:>10.2f} {t.slope_per_h:>+10.3f} "
               f"[{t.low_per_h:>+10.3f}, {t.high_per_h:>+10.3f}] {t.percent_per_h:>+7.2f}  {t.verdict}")
+    if correlation is not None:
+        print(f"step time against the host probe, by two-minute windows: r = {correlation:+.2f}")
+    print("memory step-ups after warm-up (one minute's median over the last): "
+          + ("; ".join(f"{u.figure} {u.rise_mib:+.0f} MiB at minute {u.minute:.1f}" for u in ups) or "none"))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ SAMPLES_PER_STEP = 3  # a step's peak and low need this many samples inside it; 
 # Host memory figures fitted also by window medians and over the late half: the sum, the job's own process, the rest
 # (the engine's core process and workers: one of them stepped up 20 MiB once in three GPU soaks), the file-backed part.
 RSS_FIGURES = ("rss_mib", "job_rss_mib", "others_rss_mib", "rss_shared_mib")
+STEP_UP_MIB = 8.0  # a rise of one minute's median over the last that `step_ups` lists (quiet processes move ~1 MiB)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,3 +199,32 @@ def per_step(rows: Sequence[dict[str, float]], steps: Sequence[tuple[float, floa
         if len(inside) >= SAMPLES_PER_STEP:
             points.append((end, pick(inside)))
     return points
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepUp:
+    """A rise of a memory figure from one minute to the next, larger than the figure's noise.
+
+    Args:
+        figure: The figure's name.
+        minute: Minutes from the start to the middle of the later minute.
+        rise_mib: The later minute's median less the earlier one's.
+    """
+
+    figure: str
+    minute: float
+    rise_mib: float
+
+
+def step_ups(kept: Sequence[dict[str, float]], names: Sequence[str], started: float,
+             at_least_mib: float = STEP_UP_MIB) -> list[StepUp]:
+    """Each rise of at least `at_least_mib` between the medians of two consecutive minutes, per figure. A slope says
+    how fast a figure grew, not how: three GPU soaks fitted vLLM's engine process as growing where it had stepped up
+    20 MiB once at minute 18-22 and held. Whether such a step repeats is what an hour's soak must tell, and a list of
+    the steps says it directly."""
+    found = []
+    for name in names:
+        medians = window_medians([(r["t"], r[name]) for r in kept if name in r], 60.0)
+        found += [StepUp(figure=name, minute=(t - started) / 60, rise_mib=later - earlier)
+                  for (_, earlier), (t, later) in zip(medians, medians[1:]) if later - earlier >= at_least_mib]
+    return found

@@ -187,7 +187,7 @@ def test_report_only_prints_how_step_time_moved_with_the_host(tmp_path: Path, ca
     (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp_path / "steps.jsonl").write_text("".join(json.dumps(list(s)) + "\n" for s in steps))
     assert main(["--minutes", "30", "--warmup-minutes", "0", "--out", str(tmp_path), "--report-only"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == "step time against the host probe, by two-minute windows: r = +1.00"
+    assert "step time against the host probe, by two-minute windows: r = +1.00" in capsys.readouterr().out.splitlines()
 
 
 def test_the_memory_of_the_other_processes_is_fitted_apart_from_the_jobs() -> None:
@@ -200,3 +200,24 @@ def test_the_memory_of_the_other_processes_is_fitted_apart_from_the_jobs() -> No
     assert found["others_rss_mib_window_median"].verdict == "grows"
     assert found["rss_shared_mib_late_half"].verdict == "flat"
     assert found["others_rss_mib_late_half"].slope_per_h > 0
+
+
+def test_a_step_up_is_listed_with_its_minute_and_a_creep_or_a_flat_figure_is_not() -> None:
+    from grpo_pipe.benchmarks.soak_fit import StepUp, step_ups
+
+    # Half an hour sampled every 10 s: the engine's process steps up 20 MiB at minute 22; the job's creeps 0.5 MiB a
+    # minute (a slope, not a step); the file-backed part only wiggles.
+    rows = [{"t": 10.0 * i, "others_rss_mib": 2700.0 + (20.0 if i >= 132 else 0.0) + WIGGLE[i % 60],
+             "job_rss_mib": 2300.0 + 0.05 * i, "rss_shared_mib": 900.0 + WIGGLE[i % 60]} for i in range(180)]
+    assert step_ups(rows, ["others_rss_mib", "job_rss_mib", "rss_shared_mib"], started=0.0) == [
+        StepUp(figure="others_rss_mib", minute=22.5, rise_mib=20.0)]
+
+
+def test_report_only_lists_the_step_ups(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [{"t": 10.0 * i, "rss_mib": 5000.0, "job_rss_mib": 2300.0, "others_rss_mib": 2700.0 + (20.0 if i >= 132 else 0.0)}
+            for i in range(180)]
+    (tmp_path / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "steps.jsonl").write_text("".join(json.dumps([10.0 * k + 10.0, 10.0]) + "\n" for k in range(179)))
+    assert main(["--minutes", "30", "--warmup-minutes", "5", "--out", str(tmp_path), "--report-only"]) == 0
+    printed = capsys.readouterr().out.splitlines()[-1]
+    assert printed == "memory step-ups after warm-up (one minute's median over the last): others_rss_mib +20 MiB at minute 22.5"
