@@ -221,3 +221,28 @@ def test_report_only_lists_the_step_ups(tmp_path: Path, capsys: pytest.CaptureFi
     assert main(["--minutes", "30", "--warmup-minutes", "5", "--out", str(tmp_path), "--report-only"]) == 0
     printed = capsys.readouterr().out.splitlines()[-1]
     assert printed == "memory step-ups after warm-up (one minute's median over the last): others_rss_mib +20 MiB at minute 22.5"
+
+
+def test_a_sample_splits_the_memory_of_a_real_process_tree_into_the_jobs_own_and_the_others(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from grpo_pipe.benchmarks.job_processes import Job
+    from grpo_pipe.benchmarks.soak import sample
+
+    # A parent that holds ~64 MiB and waits on a child of its own: the job's process and one other.
+    script = ("import subprocess, sys, time; held = bytearray(64 * 2**20); "
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              "print('ready', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        row = sample(Job(proc=proc, log=tmp_path / "job.log", marker=None), tmp_path)
+    finally:
+        for child in Job(proc=proc, log=tmp_path / "job.log", marker=None).processes()[1:]:
+            child.kill()
+        proc.kill()
+        proc.wait()
+    assert row["processes"] == 2.0 and row["job_rss_mib"] > 64.0
+    assert row["others_rss_mib"] == pytest.approx(row["rss_mib"] - row["job_rss_mib"]) and 0.0 < row["others_rss_mib"] < 64.0
+    assert 0.0 < row["rss_shared_mib"] < row["rss_mib"]  # the interpreter's mapped files
