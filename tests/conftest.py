@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -78,6 +79,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # The longest units of work first (the Ray group, the jobs killed and resumed), so that none starts last and
         # runs alone at the end: tests/work_order.py.
         items[:] = longest_first(items)
+
+
+# What a run of the suite writes at its peak (temp folders, compile caches, a wheel's virtual environment): 1-2 GiB.
+# With less free than this, test after test fails in its tmp_path set-up (ENOSPC) and the cause is buried.
+MIN_FREE_GIB = 2.0
+
+
+def _free_gib() -> float:
+    return shutil.disk_usage(tempfile.gettempdir()).free / 2**30
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"disk: {_free_gib():.1f} GiB free under {tempfile.gettempdir()}"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _free_gib() < MIN_FREE_GIB:
+        pytest.exit(f"only {_free_gib():.1f} GiB free under {tempfile.gettempdir()}; the suite writes 1-2 GiB and needs "
+                    f"at least {MIN_FREE_GIB:.0f}: free some space first", returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 def pytest_configure(config: pytest.Config) -> None:
