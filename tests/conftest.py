@@ -95,8 +95,9 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
-    if _free_gib() < MIN_FREE_GIB:
-        pytest.exit(f"only {_free_gib():.1f} GiB free under {tempfile.gettempdir()}; the suite writes 1-2 GiB and needs "
+    free = _free_gib()
+    if free < MIN_FREE_GIB:
+        pytest.exit(f"only {free:.1f} GiB free under {tempfile.gettempdir()}; the suite writes 1-2 GiB and needs "
                     f"at least {MIN_FREE_GIB:.0f}: free some space first", returncode=pytest.ExitCode.USAGE_ERROR)
 
 

@@ -71,23 +71,22 @@ def correct_turns(question: str, tool: str, lead_in: str = "", restate_answer: b
     while True:
         left = _expression(numbers, operators)
         words = "" if first else lead_in.format(left=left)
-        call = f"{words}<{tool}>{_next_operation(numbers, operators) or left}</{tool}>"
+        at = _next_at(operators)
+        operation = f"{numbers[at]} {operators[at]} {numbers[at + 1]}" if operators else left
+        call = f"{words}<{tool}>{operation}</{tool}>"
         answer = f"{words if restate_answer else ''}#### {left}"
         turns.append(ScriptedTurn(text=call if operators else answer, call=call, answer=answer, left=len(operators)))
         if not operators:
             return turns
-        at = operators.index("*") if "*" in operators else 0
         a, op, b = numbers[at], operators[at], numbers[at + 1]
         numbers[at : at + 2] = [a * b if op == "*" else a + b if op == "+" else a - b]
         del operators[at]
         first = False
 
 
-def _next_operation(numbers: Sequence[int], operators: Sequence[str]) -> str:
-    if not operators:
-        return ""
-    at = operators.index("*") if "*" in operators else 0
-    return f"{numbers[at]} {operators[at]} {numbers[at + 1]}"
+def _next_at(operators: Sequence[str]) -> int:
+    """The operator computed next: the first `*`, else the first (0 also when none is left)."""
+    return operators.index("*") if "*" in operators else 0
 
 
 def _terms(question: str) -> tuple[list[int], list[str]]:
@@ -112,7 +111,7 @@ class Reading:
     Args:
         prompt: The task's prompt tokens (which task).
         left: Operations still to run.
-        share: P(call) / (P(call) + P(answer)) for the first token of the turn.
+        share: P(call) / (P(call) + P(answer)) at the first token where the two ways of going on part.
         mass: P(call) + P(answer).
     """
 
@@ -184,7 +183,6 @@ class ForcedEngine(HFEngine):
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
         return torch.softmax(logits.float(), dim=-1)
-
 
 
 def summarize(tasks: Sequence[Task], prompts: Sequence[tuple[int, ...]],
